@@ -1,0 +1,246 @@
+"""Reading inputs and writing outputs, with errors a user can act on.
+
+Scores come from text (numbers separated by spaces, commas or newlines; one row per line),
+.csv, .npy / .npz (pickles refused, large files memory-mapped), standard input ("-") or an
+inline string. Outputs are written atomically (a temporary file renamed into place), so a
+failed run never leaves half a file. Leaves out: any computation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+_SEP = re.compile(r"[,;\s]+")
+
+
+def parse_text(text: str, name: str) -> np.ndarray:
+    """Numbers from text: one row per non-empty line, separated by spaces, commas or semicolons.
+
+    One line, or lines of one number each, form a single vector (a column of numbers is a vector, not an
+    N×1 matrix). '#' starts a comment. Errors name the line and column of the bad token.
+
+    Example: parse_text("1, 2\\n3 4", "x") -> [[1, 2], [3, 4]]
+    """
+    rows: list[list[float]] = []
+    lines: list[int] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        content = line.split("#", 1)[0]
+        row = []
+        for match in re.finditer(r"[^,;\s]+", content):
+            token = match.group()
+            try:
+                row.append(float(token))
+            except ValueError:
+                raise InputError(
+                    f"{name}: line {lineno}, column {match.start() + 1}: "
+                    f"{token!r} is not a number"
+                ) from None
+        if row:
+            rows.append(row)
+            lines.append(lineno)
+    if not rows:
+        raise InputError(f"{name}: no numbers found (the input is empty)")
+    if len(rows) == 1:
+        return np.array(rows[0], dtype=np.float64)
+    if all(len(r) == 1 for r in rows):
+        return np.array([r[0] for r in rows], dtype=np.float64)
+    width = len(rows[0])
+    for row, lineno in zip(rows, lines):
+        if len(row) != width:
+            raise InputError(
+                f"{name}: line {lineno} has {len(row)} numbers but line {lines[0]} has {width}; "
+                "every row of a matrix needs the same length"
+            )
+    return np.array(rows, dtype=np.float64)
+
+
+def check_file(path: Path) -> None:
+    """Raise InputError unless path is an existing, readable regular file."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a file")
+
+
+def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.ndarray:
+    """An array from .npy or .npz, refusing pickles; .npy files are memory-mapped.
+
+    An .npz must hold one array, or `key` names the one to take.
+    """
+    check_file(path)
+    try:
+        if zipfile.is_zipfile(path):
+            with np.load(path, allow_pickle=False) as npz:
+                names = list(npz.files)
+                if key is None and len(names) != 1:
+                    raise InputError(
+                        f"{path}: holds {len(names)} arrays ({', '.join(names) or 'none'}); "
+                        "expected exactly one"
+                    )
+                chosen = key if key is not None else names[0]
+                if chosen not in names:
+                    raise InputError(f"{path}: has no array {chosen!r} (it has {', '.join(names)})")
+                return npz[chosen]
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except InputError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise InputError(
+                f"{path}: holds Python objects (a pickle); osm only reads plain numeric arrays"
+            ) from None
+        raise InputError(f"{path}: not a valid .npy/.npz file ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: not a valid .npy/.npz file ({exc})") from None
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{path}: does not hold an array")
+    return arr
+
+
+def check_real(arr: np.ndarray, name: str) -> None:
+    """Refuse arrays that are not real floating point or integer numbers."""
+    kind = arr.dtype.kind
+    if kind == "O":
+        raise InputError(f"{name}: holds Python objects; osm needs a numeric array")
+    if kind == "b":
+        raise InputError(f"{name}: is a boolean array; osm needs numbers")
+    if kind == "c":
+        raise InputError(f"{name}: holds complex numbers; osm needs real numbers")
+    if kind not in "fiu" and arr.dtype.name not in ("bfloat16",) and "float8" not in arr.dtype.name:
+        raise InputError(f"{name}: has dtype {arr.dtype}; osm needs a numeric array")
+
+
+def _index(flat: int, shape: tuple) -> str:
+    idx = np.unravel_index(flat, shape)
+    return str(int(idx[0])) if len(shape) == 1 else "(" + ", ".join(str(int(i)) for i in idx) + ")"
+
+
+def check_scores(scores: np.ndarray, name: str) -> np.ndarray:
+    """Validate a score vector or matrix and return it as float64.
+
+    NaN is refused (softmax of nan is nan, whatever the algorithm); so is +inf, for which
+    softmax is undefined (inf / inf). -inf, a masked score, is allowed.
+    """
+    check_real(scores, name)
+    if scores.ndim == 0:
+        raise InputError(f"{name}: is a single number (0-d); expected a vector or a matrix")
+    if scores.ndim > 2:
+        raise InputError(
+            f"{name}: has {scores.ndim} dimensions {tuple(scores.shape)}; "
+            "expected a vector or a matrix (one row per line)"
+        )
+    if scores.size == 0:
+        raise InputError(f"{name}: is empty {tuple(scores.shape)}; there are no scores")
+    out = np.asarray(scores, dtype=np.float64)
+    bad = np.isnan(out)
+    if bad.any():
+        at = _index(int(np.flatnonzero(bad)[0]), out.shape)
+        raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
+    bad = np.isposinf(out)
+    if bad.any():
+        at = _index(int(np.flatnonzero(bad)[0]), out.shape)
+        raise InputError(
+            f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
+            "Mask a score with -inf"
+        )
+    return out
+
+
+def load_scores(source: str | None, values: str | None = None) -> tuple[np.ndarray, str]:
+    """Scores from a file path, "-" (standard input) or an inline string; (array, display name)."""
+    if values is not None:
+        if source is not None:
+            raise InputError("give either a SCORES file or --values, not both")
+        return check_scores(parse_text(values, "--values"), "--values"), "--values"
+    if source is None:
+        raise InputError("no scores given: pass a file, '-' for standard input, or --values")
+    if source == "-":
+        return check_scores(parse_text(sys.stdin.read(), "<stdin>"), "<stdin>"), "<stdin>"
+    path = Path(source)
+    check_file(path)
+    if path.suffix.lower() in (".npy", ".npz"):
+        return check_scores(load_array(path), str(path)), str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: is not a text file (and not .npy/.npz)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
+    return check_scores(parse_text(text, str(path)), str(path)), str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _atomic_write(path: Path, write) -> None:
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give a file name to write")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{path}: folder {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_npy(path: Path, arr: np.ndarray) -> None:
+    """np.save, atomically."""
+    _atomic_write(path, lambda fh: np.save(fh, np.ascontiguousarray(arr), allow_pickle=False))
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write text (UTF-8), atomically."""
+    _atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def jsonable(obj):
+    """Plain Python values for strict JSON: arrays to lists, inf/nan to "inf", "-inf", "nan"."""
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind == "f" and np.isfinite(obj).all():
+            return obj.tolist()
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        x = float(obj)
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return x
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def dumps(obj, indent: int | None = 2) -> str:
+    """Strict JSON (RFC 8259): no NaN or Infinity literals."""
+    return json.dumps(jsonable(obj), indent=indent, allow_nan=False)
+
+
+__all__ = [
+    "check_file", "check_real", "check_scores", "dumps", "jsonable", "load_array",
+    "load_scores", "parse_text", "save_npy", "save_text"
+]

@@ -1,0 +1,225 @@
+"""Records to rich renderables: the only module that imports rich.
+
+Each function takes the records the core returned and gives back a renderable (a Table or a
+Group); cli.py prints it. Numbers are formatted so the digits that differ are visible and so
+inf and nan stand out (bold red). Leaves out: computing anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from rich import box
+from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+VALUES_UP_TO = 8  # step tables list a block's first values only for blocks this small
+HEAD = 5  # long tables show the first and last HEAD rows around an ellipsis row
+
+
+def num(x, digits: int = 8) -> Text:
+    """A number as text: `digits` significant digits, inf/nan in bold red, -inf (a mask) dim."""
+    if x is None:
+        return Text("")
+    x = float(x)
+    if math.isnan(x):
+        return Text("nan", style="bold red")
+    if math.isinf(x):
+        return Text("inf", style="bold red") if x > 0 else Text("-inf", style="cyan")
+    return Text(f"{x:.{digits}g}")
+
+
+def arrow(a, b, digits: int = 8) -> Text:
+    """'a → b', or just 'b' when nothing changed."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return num(b, digits)
+    return Text.assemble(num(a, digits), " → ", num(b, digits))
+
+
+def values(xs: np.ndarray, digits: int = 4, most: int = 3) -> Text:
+    """A short list of values: the first `most`, then '…'."""
+    shown = [num(x, digits) for x in np.asarray(xs)[:most]]
+    parts: list = []
+    for i, t in enumerate(shown):
+        parts += ([", "] if i else []) + [t]
+    if len(xs) > most:
+        parts.append(f", …{len(xs) - most}")
+    return Text.assemble("[", *parts, "]")
+
+
+def _elided(n: int, show_all: bool) -> list[int | None]:
+    """Row indices to show: all, or the first and last HEAD with None for the ellipsis."""
+    if show_all or n <= 2 * HEAD + 2:
+        return list(range(n))
+    return [*range(HEAD), None, *range(n - HEAD, n)]
+
+
+def _fill(table: Table, n: int, row: Callable[[int], Sequence], show_all: bool) -> Table:
+    for i in _elided(n, show_all):
+        if i is None:
+            table.add_row(*(["⋮"] * len(table.columns)), style="dim")
+        else:
+            table.add_row(*row(i))
+    return table
+
+
+def step_table(trace, show_all: bool = False, width: int = 100) -> Group:
+    """One row per block: what entered, and the state (m, α, l) before → after.
+
+    Numbers get 8 significant digits, or as many fewer (down to 5) as it takes to fit `width`.
+    """
+    for digits in (8, 7, 6, 5):
+        group = _step_table(trace, show_all, digits)
+        if _width(group.renderables[1]) <= width:
+            break
+    return group
+
+
+def _width(table: Table) -> int:
+    probe = Console(width=10_000)
+    return Measurement.get(probe, probe.options, table).maximum
+
+
+def _step_table(trace, show_all: bool, d: int) -> Group:
+    merge = trace.form == "merge"
+    show_values = trace.block <= VALUES_UP_TO and not merge  # merge is the wider table
+    title = (
+        "form merge: each block's own m⁽ᵏ⁾ and l⁽ᵏ⁾ = Σ exp(s − m⁽ᵏ⁾), then\n"
+        "m = max(m, m⁽ᵏ⁾), α = exp(m_old − m), w = exp(m⁽ᵏ⁾ − m), l = l·α + l⁽ᵏ⁾·w"
+        if merge
+        else "form rescale: m = max(m, block max), α = exp(m_old − m), l = l·α + Σ exp(s − m)"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    num_col = {"justify": "right", "no_wrap": True}
+    t.add_column("#", **num_col)
+    t.add_column("keys", **num_col)
+    if show_values:  # first few scores of the block; this column wraps before numbers shrink
+        t.add_column("values", no_wrap=True, max_width=18)
+    if merge:
+        t.add_column("m⁽ᵏ⁾", **num_col)
+        t.add_column("l⁽ᵏ⁾", **num_col)
+    else:
+        t.add_column("block max", **num_col)
+    t.add_column("m", **num_col)
+    t.add_column("α", **num_col)
+    if merge:
+        t.add_column("w", **num_col)
+    t.add_column("l", **num_col)
+    steps = trace.steps
+
+    def row(i):
+        s = steps[i]
+        cells = [str(s.block), f"{s.start}:{s.stop}"]
+        cells += [values(s.values)] if show_values else []
+        if merge:
+            cells += [num(s.block_m, d), num(s.block_l, d)]
+        else:
+            cells += [num(s.block_max, d)]
+        alpha = num(s.scale, d)
+        if s.rescaled:
+            alpha.stylize("bold yellow")
+        cells += [arrow(s.m_prev, s.m, d), alpha]
+        if merge:
+            cells += [num(s.block_weight, d)]
+        cells += [arrow(s.l_prev, s.l, d)]
+        return cells
+
+    return Group(Text(title), _fill(t, len(steps), row, show_all))
+
+
+def trace_header(name: str, n_rows: int, n: int, row: int, block: int) -> Text:
+    where = f"row {row} of {n_rows}, " if n_rows > 1 else ""
+    blocks = -(-n // block)
+    return Text(
+        f"{name}: {where}{n} scores in {blocks} block{'s' * (blocks != 1)} of {block}\n"
+        "start: m = -inf, l = 0",
+    )
+
+
+def final_line(m: float, l: float, lse: float) -> Text:
+    return Text.assemble(
+        "final: m = ", num(m, 10), ", l = ", num(l, 10), ", LSE = m + ln l = ", num(lse, 10),
+        " (natural log)",
+    )
+
+
+def element_table(scores, online, stable, naive, show_all: bool = False) -> Table:
+    """Per-element probabilities: online, one-shot stabilized, naive, and their difference."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("i", "score", "online p", "stabilized p", "naive p", "|online−stab|", "ulps"):
+        t.add_column(name, justify="right")
+    diff = np.abs(online - stable)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ulps = np.where(diff == 0, 0.0, diff / np.spacing(np.abs(stable)))
+
+    def row(i):
+        return [
+            str(i), num(scores[i], 10), num(online[i], 12), num(stable[i], 12),
+            num(naive[i], 6), num(diff[i], 3), num(ulps[i], 3),
+        ]
+
+    return _fill(t, len(scores), row, show_all)
+
+
+def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
+    """The summary of every row of a score matrix."""
+    t = Table(title="all rows", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for name in ("row", "m", "l", "LSE", "max |online−stab|"):
+        t.add_column(name, justify="right")
+    return _fill(
+        t, len(m),
+        lambda i: [str(i), num(m[i], 10), num(l[i], 10), num(lse[i], 10), num(max_diff[i], 3)],
+        show_all,
+    )
+
+
+def agreement(label: str, diff: float) -> Text:
+    style = "green" if diff == 0 or diff < 1e-12 else "yellow"
+    return Text.assemble(f"{label}: max |difference| = ", Text(f"{diff:.3g}", style=style))
+
+
+# ---------------------------------------------------------------------------------------------
+# overflow-demo
+
+
+def overflow_tables(demo) -> Group:
+    """Three tables: exp of each value per dtype, softmax by each method, and the all −inf row."""
+    xs = demo.values
+    head = Table(
+        title=f"exp(x) in each dtype (x = {', '.join(f'{x:g}' for x in xs)})",
+        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+    )
+    head.add_column("dtype")
+    head.add_column("largest finite", justify="right")
+    head.add_column("exp overflows above", justify="right")
+    head.add_column("exp underflows below", justify="right")
+    for x in xs:
+        head.add_column(f"exp({x:g})", justify="right")
+    for d in demo.rows:
+        head.add_row(
+            d.dtype, num(d.max_finite, 4), num(d.overflow_at, 6), num(d.underflow_at, 6),
+            *(num(e, 4) for e in d.exp),
+        )
+    soft = Table(title="softmax(x)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    soft.add_column("dtype")
+    soft.add_column("method")
+    for i in range(len(xs)):
+        soft.add_column(f"p[{i}]", justify="right")
+    for d in demo.rows:
+        for method, p in (("naive", d.naive), ("stabilized", d.stable), ("online", d.online)):
+            soft.add_row(d.dtype if method == "naive" else "", method, *(num(v, 6) for v in p))
+        soft.add_section()
+    masked = Table(
+        title="a fully masked row, x = [-inf, -inf, -inf] (float32)",
+        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+    )
+    masked.add_column("method")
+    masked.add_column("probabilities")
+    masked.add_column("why", ratio=1)
+    for method, p, why in demo.masked:
+        masked.add_row(method, values(p, 6), why)
+    return Group(head, Text(demo.overflow_note + "\n"), soft, Text(""), masked, Text(demo.masked_note))
