@@ -27,8 +27,9 @@ _SEP = re.compile(r"[,;\s]+")
 def parse_text(text: str, name: str) -> np.ndarray:
     """Numbers from text: one row per non-empty line, separated by spaces, commas or semicolons.
 
-    One line, or lines of one number each, form a single vector (a column of numbers is a vector, not an
-    N×1 matrix). '#' starts a comment. Errors name the line and column of the bad token.
+    One line, or lines of one number each, form a single vector (a column of numbers is a
+    vector, not an N×1 matrix). '#' starts a comment. Errors name the line and column of a
+    bad token.
 
     Example: parse_text("1, 2\\n3 4", "x") -> [[1, 2], [3, 4]]
     """
@@ -56,7 +57,7 @@ def parse_text(text: str, name: str) -> np.ndarray:
     if all(len(r) == 1 for r in rows):
         return np.array([r[0] for r in rows], dtype=np.float64)
     width = len(rows[0])
-    for row, lineno in zip(rows, lines):
+    for row, lineno in zip(rows, lines, strict=True):
         if len(row) != width:
             raise InputError(
                 f"{name}: line {lineno} has {len(row)} numbers but line {lines[0]} has {width}; "

@@ -7,7 +7,8 @@ exp(m_old - m_new) applied to the old state).
 
 - `rescale_step` is form A (seed 000 §2.1): move m first, rescale, then add exp(s - m_new).
 - `merge_step` is form B (seed 004, FA1 Algorithm 1): the block gets its own (m, l, O), which
-  `combine` merges into the running state. `combine` is associative and commutative (up to rounding).
+  `combine` merges into the running state. `combine` is associative and commutative (up to
+  rounding).
 
 Every function works on a batch of rows at once: m and l have shape (rows,), O (rows, dv).
 Leaves out: files, references (reference.py), printing (render.py), rounding models (precision.py).
@@ -107,7 +108,7 @@ def rescale_step(
 def block_state(
     s: np.ndarray, v: np.ndarray | None = None, *, p_round: Callable | None = None
 ) -> State:
-    """A block's own statistics: m^(k) = max(s), l^(k) = Σ exp(s - m^(k)), O^(k) = Σ exp(s - m^(k))·v."""
+    """A block's own statistics: m^(k) = max(s), l^(k) = Σ exp(s - m^(k)), O^(k) likewise with v."""
     m = s.max(axis=-1)
     p = np.exp(s - _ref(m)[..., None])
     o = None if v is None else _pv(p, v, p_round)

@@ -222,4 +222,6 @@ def overflow_tables(demo) -> Group:
     masked.add_column("why", ratio=1)
     for method, p, why in demo.masked:
         masked.add_row(method, values(p, 6), why)
-    return Group(head, Text(demo.overflow_note + "\n"), soft, Text(""), masked, Text(demo.masked_note))
+    return Group(
+        head, Text(demo.overflow_note + "\n"), soft, Text(""), masked, Text(demo.masked_note)
+    )
