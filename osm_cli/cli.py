@@ -10,6 +10,7 @@ import functools
 import os
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import numpy as np
@@ -159,6 +160,145 @@ def _step_json(st) -> dict:
     if st.block_l is not None:
         d.update(block_m=st.block_m, block_l=st.block_l, block_weight=st.block_weight)
     return d
+
+
+class Align(str, Enum):
+    bottom_right = "bottom-right"
+    top_left = "top-left"
+
+
+class Layout(str, Enum):
+    bhnd = "bhnd"
+    bnhd = "bnhd"
+
+
+class MaskedLse(str, Enum):
+    neg_inf = "neg-inf"
+    pos_inf = "pos-inf"
+    zero = "zero"
+
+
+class UpdateForm(str, Enum):
+    rescale = "rescale"
+    merge = "merge"
+
+
+@app.command()
+@guarded
+def attention(
+    files: Annotated[
+        list[str], typer.Argument(help="Q K V as .npy files, or one .npz holding q, k, v.")
+    ],
+    causal: Annotated[bool, typer.Option("--causal", help="Causal mask.")] = False,
+    causal_align: Annotated[
+        Align, typer.Option("--causal-align", help="bottom-right (FlashAttention) or top-left "
+                            "(PyTorch is_causal) when Q and K lengths differ.")
+    ] = Align.bottom_right,
+    window: Annotated[
+        str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
+    ] = None,
+    mask: Annotated[
+        str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
+                                 "bool (True = attend) or float (added to the scores).")
+    ] = None,
+    scale: Annotated[
+        float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")
+    ] = None,
+    block_q: Annotated[
+        int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
+    ] = None,
+    block_k: Annotated[
+        int | None, typer.Option("--block-k", min=1,
+                                 help="Keys per tile (default 128 for d <= 64, else 64).")
+    ] = None,
+    layout: Annotated[
+        Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
+    ] = Layout.bhnd,
+    masked_lse: Annotated[
+        MaskedLse, typer.Option("--masked-lse", help="LSE of fully masked rows.")
+    ] = MaskedLse.neg_inf,
+    form: Annotated[
+        UpdateForm, typer.Option("--form", help="Update form of the online step.")
+    ] = UpdateForm.rescale,
+    batch: Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")] = 0,
+    head: Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")] = 0,
+    query: Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")] = 0,
+    out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
+    lse_path: Annotated[
+        str | None, typer.Option("--lse", help="Write LSE (natural log) to this .npy.")
+    ] = None,
+    no_reference: Annotated[
+        bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
+    ] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Show every tile and component.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+):
+    """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
+
+    Shapes (N, d), (H, N, d) or (B, H, N, d); Q's length may differ from K/V's; GQA when Q has a
+    multiple of K/V's heads. Prints a summary against a float64 one-shot reference and the trace
+    of one query row.
+
+    \b
+    Examples:
+      osm attention samples/q.npy samples/k.npy samples/v.npy
+      osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4
+      osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
+    """
+    from . import attention as att
+
+    q, k, v = io.load_qkv(files)
+    win = None if window is None else io.parse_pair(window, "--window")
+    mask_arr = None
+    if mask is not None:
+        mask_arr = io.load_array(Path(mask), mmap=False)
+        io.check_mask(mask_arr, mask)
+    kwargs = dict(causal=causal, scale=scale, layout=layout.value,
+                  causal_align=causal_align.value, window=win, mask=mask_arr)
+    with _progress() as progress:
+        res = att.attention(q, k, v, block_q=block_q, block_k=block_k, masked_lse=masked_lse.value,
+                            form=form.value, trace_at=(batch, head, query), progress=progress,
+                            **kwargs)
+    errors, ref_row = None, None
+    if not no_reference:
+        ref_out, ref_lse = att.reference(q, k, v, **kwargs)
+        errors = att.errors(res, ref_out, ref_lse)
+        ref_row = att.row_of(ref_out, res.traced, layout.value)
+    if out_path:
+        io.save_npy(Path(out_path), res.out)
+    if lse_path:
+        io.save_npy(Path(lse_path), res.lse)
+    if as_json:
+        emit_json(att.summary(res, errors, ref_row))
+        return
+    out.print(render.attention_summary(res, errors))
+    out.print(render.attention_trace(res, ref_row, out.width, show_all))
+
+
+class _progress:
+    """A rich progress bar on stderr for runs over about a second, only on a terminal."""
+
+    def __enter__(self):
+        self.bar = None
+        if not err.is_terminal:
+            return None
+        import time
+
+        start = time.monotonic()
+
+        def tick(done, total):
+            if self.bar is None and time.monotonic() - start > 1.0 and done < total:
+                self.bar = render.progress_bar(err)
+                self.bar.start()
+                self.task = self.bar.add_task("attention", total=total)
+            if self.bar is not None:
+                self.bar.update(self.task, completed=done)
+
+        return tick
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
 
 
 @app.command("overflow-demo")

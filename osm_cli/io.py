@@ -245,3 +245,42 @@ __all__ = [
     "check_file", "check_real", "check_scores", "dumps", "jsonable", "load_array",
     "load_scores", "parse_text", "save_npy", "save_text"
 ]
+
+
+def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K, V from three .npy files, or from one .npz holding arrays q, k and v."""
+    if len(paths) == 1:
+        path = Path(paths[0])
+        check_file(path)
+        if not zipfile.is_zipfile(path):
+            raise InputError(f"{path}: give Q K V as three .npy files, or one .npz with q, k, v")
+        return tuple(load_array(path, key=key) for key in ("q", "k", "v"))
+    if len(paths) != 3:
+        raise InputError(f"expected Q K V (three .npy files) or one .npz; got {len(paths)} files")
+    return tuple(load_array(Path(p)) for p in paths)
+
+
+def parse_pair(text: str, name: str) -> tuple[int, int]:
+    """'LEFT,RIGHT' as two integers (-1 = unbounded)."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise InputError(
+            f"{name} must be two integers LEFT,RIGHT (e.g. 128,0); got {text!r}"
+        ) from None
+
+
+def check_mask(mask: np.ndarray, name: str) -> None:
+    """A mask must be boolean (True = attend) or real floats without NaN."""
+    if mask.dtype.kind == "b":
+        return
+    check_real(mask, name)
+    if mask.dtype.kind != "f":
+        raise InputError(
+            f"{name}: has dtype {mask.dtype}; a mask is boolean (True = attend) or float (added)"
+        )
+    if np.isnan(mask).any():
+        raise InputError(f"{name}: holds NaN; a float mask is added to the scores")

@@ -51,11 +51,12 @@ class Update:
     block_weight: np.ndarray | None = None
 
 
-def initial_state(rows: int, dv: int | None = None, dtype=np.float64) -> State:
-    """The textbook start: m = -inf, l = 0, O = 0 (not Triton's l = 1)."""
-    m = np.full(rows, -np.inf, dtype=dtype)
-    o = None if dv is None else np.zeros((rows, dv), dtype=dtype)
-    return State(m, np.zeros(rows, dtype=dtype), o)
+def initial_state(rows: int | tuple, dv: int | None = None, dtype=np.float64) -> State:
+    """The textbook start: m = -inf, l = 0, O = 0 (not Triton's l = 1). rows: a count or a shape."""
+    shape = (rows,) if isinstance(rows, int) else tuple(rows)
+    m = np.full(shape, -np.inf, dtype=dtype)
+    o = None if dv is None else np.zeros((*shape, dv), dtype=dtype)
+    return State(m, np.zeros(shape, dtype=dtype), o)
 
 
 def _ref(m: np.ndarray) -> np.ndarray:
@@ -97,7 +98,8 @@ def rescale_step(
         m_new = np.maximum(state.m, block_max)
     ref = _ref(m_new)
     alpha = np.exp(state.m - ref)
-    p = np.exp(s - ref[..., None])
+    p = np.subtract(s, ref[..., None])
+    np.exp(p, out=p)
     l = state.l * alpha + p.sum(axis=-1)
     o = None
     if v is not None:

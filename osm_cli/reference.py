@@ -45,3 +45,41 @@ def logsumexp(scores: np.ndarray) -> np.ndarray:
     ref = np.where(np.isneginf(m), 0.0, m)
     with np.errstate(divide="ignore"):
         return ref + np.log(np.exp(s - ref[..., None]).sum(axis=-1))
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    visible=None,
+    mask: np.ndarray | None = None,
+    rows_per_chunk: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One-shot attention in float64: softmax(scale·Q·Kᵀ + mask)·V and its LSE, row by row.
+
+    q (B, H, t, d), k and v (B, H, s, ·) with K/V heads already matched to Q's (a broadcast view
+    is fine). visible(i0, i1) gives the boolean (i1 - i0, s) band of the causal mask / window, or
+    None; mask is broadcast to (B, H, t, s): bool True = attend, float added. Rows are done in
+    chunks so memory stays bounded; the full t × s matrix is never held. Rows with every key
+    masked give output 0 and LSE -inf.
+    """
+    b, h, t, _ = q.shape
+    s = k.shape[2]
+    out = np.zeros((b, h, t, v.shape[-1]))
+    lse = np.zeros((b, h, t))
+    chunk = rows_per_chunk or max(1, (1 << 22) // max(1, b * h * s))
+    kT = np.asarray(k, dtype=np.float64).swapaxes(-1, -2)
+    v64 = np.asarray(v, dtype=np.float64)
+    for i0 in range(0, t, chunk):
+        i1 = min(t, i0 + chunk)
+        sc = (np.asarray(q[..., i0:i1, :], dtype=np.float64) * scale) @ kT
+        if visible is not None:
+            sc = np.where(visible(i0, i1), sc, -np.inf)
+        if mask is not None:
+            mk = mask[..., i0:i1, :]
+            sc = np.where(mk, sc, -np.inf) if mk.dtype.kind == "b" else sc + mk
+        p = stable_softmax(sc)
+        out[..., i0:i1, :] = p @ v64
+        lse[..., i0:i1] = logsumexp(sc)
+    return out, lse

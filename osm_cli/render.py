@@ -72,16 +72,17 @@ def step_table(trace, show_all: bool = False, width: int = 100) -> Group:
 
     Numbers get 8 significant digits, or as many fewer (down to 5) as it takes to fit `width`.
     """
-    for digits in (8, 7, 6, 5):
-        group = _step_table(trace, show_all, digits)
-        if _width(group.renderables[1]) <= width:
+    return _fit(lambda d: _step_table(trace, show_all, d), width)
+
+
+def _fit(make: Callable[[int], Group], width: int, digits=(8, 7, 6, 5)) -> Group:
+    """make(digits) with the most digits whose table (the group's second part) fits `width`."""
+    probe = Console(width=10_000)
+    for d in digits:
+        group = make(d)
+        if Measurement.get(probe, probe.options, group.renderables[1]).maximum <= width:
             break
     return group
-
-
-def _width(table: Table) -> int:
-    probe = Console(width=10_000)
-    return Measurement.get(probe, probe.options, table).maximum
 
 
 def _step_table(trace, show_all: bool, d: int) -> Group:
@@ -225,3 +226,88 @@ def overflow_tables(demo) -> Group:
     return Group(
         head, Text(demo.overflow_note + "\n"), soft, Text(""), masked, Text(demo.masked_note)
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+
+def attention_summary(res, ref_err: dict | None) -> Table:
+    """Shapes, conventions, tile counts and the error against the float64 reference."""
+    t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
+    rows = [
+        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
+        ("scale", f"{res.scale:.8g}"),
+        ("causal", f"yes ({res.align})" if res.causal else "no"),
+        ("window", window),
+        ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} computed, "
+                  f"{res.tiles_skipped} skipped of {res.extra['tiles_total']}"),
+        ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
+        ("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"),
+    ]
+    if ref_err is None:
+        rows.append(("reference", "skipped (--no-reference)"))
+    else:
+        rows += [
+            ("max |O − ref|", num(ref_err["max_abs_err"], 3)),
+            ("max relative err of O", num(ref_err["max_rel_err"], 3)),
+            ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
+        ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def attention_trace(res, ref_row, width: int = 100, show_all: bool = False) -> Group:
+    """The traced query row, tile by tile, then its output beside the reference."""
+    return _fit(lambda d: _attention_trace(res, ref_row, d, show_all), width, (7, 6, 5, 4))
+
+
+def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
+    b, h, i = res.traced
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    nc = {"justify": "right", "no_wrap": True}
+    for name in ("tile", "keys", "tile max", "m", "α", "l"):
+        t.add_column(name, **nc)
+    shown = len(res.trace[0].o) if res.trace else 0
+    t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
+    t.add_column("‖O‖", **nc)
+
+    def row(n):
+        s = res.trace[n]
+        if s.skipped:
+            return [str(s.tile), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
+                    num(s.m, d), "", num(s.l, d), "", ""]
+        alpha = num(s.alpha, d)
+        if s.m != s.m_prev and math.isfinite(s.m_prev):
+            alpha.stylize("bold yellow")
+        return [str(s.tile), f"{s.start}:{s.stop}", num(s.tile_max, d), arrow(s.m_prev, s.m, d),
+                alpha, arrow(s.l_prev, s.l, d), values(s.o, max(3, d - 3), shown), num(s.o_norm, d)]
+
+    _fill(t, len(res.trace), row, show_all)
+    title = Text(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0")
+    parts = [title, t]
+    if res.trace_out is not None:
+        o = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for name in ("j", "output", "reference", "|diff|"):
+            o.add_column(name, justify="right")
+        n = len(res.trace_out)
+
+        def orow(j):
+            r = None if ref_row is None else ref_row[j]
+            return [str(j), num(res.trace_out[j], 10), num(r, 10),
+                    num(None if r is None else abs(res.trace_out[j] - r), 3)]
+
+        parts += [Text("output row O / l"), _fill(o, n, orow, show_all)]
+    return Group(*parts)
+
+
+def progress_bar(console: Console):
+    """A transient progress bar for long runs (the caller decides when to show it)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("Q tiles"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeRemainingColumn(), console=console, transient=True)
