@@ -7,6 +7,7 @@ The Python API returns the same records the tables show:
     t.steps[1].l  # 1.5530018...
 """
 
+from .attention import Attention, TileStep, attention
 from .errors import InputError, OsmError, ShapeError
 from .online import (
     State,
@@ -21,6 +22,7 @@ from .online import (
 from .reference import logsumexp, naive_softmax, stable_softmax
 
 __all__ = [
+    "Attention", "TileStep", "attention",
     "InputError", "OsmError", "ShapeError", "State", "Step", "Trace", "combine",
     "initial_state", "logsumexp", "merge_step", "naive_softmax", "online_softmax",
     "rescale_step", "stable_softmax",
