@@ -218,13 +218,18 @@ def attention(
     accum=None,
     p_round: Callable | None = None,
     progress: Callable[[int, int], None] | None = None,
+    keys: tuple[int, int] | None = None,
+    order: np.ndarray | None = None,
+    threshold: float = 0.0,
 ) -> Attention:
     """softmax(scale·Q·Kᵀ + mask)·V, tile by tile, with the online update of online.py.
 
     q (…, t, d), k (…, s, d), v (…, s, dv) in `layout` ("bhnd" PyTorch, "bnhd" FlashAttention).
     trace_at = (batch, head, query) picks the row whose tiles are recorded. accum is the dtype
     the state is held in (default float64 for float64 inputs, else float32); p_round, if given,
-    rounds P before P·V (precision.py's kernel model).
+    rounds P before P·V (precision.py's kernel model). keys = (start, stop) limits the run to
+    those keys (one split of a split-KV run; masks keep their global key indices); order is a
+    permutation of the K/V tiles to visit; threshold is the lazy-rescale τ (online.rescale_step).
 
     Example: attention(q, k, v, causal=True).out
     """
@@ -265,13 +270,25 @@ def attention(
     lse5 = np.zeros((b, hk, g, t), dtype=accum)
     step = rescale_step if form == "rescale" else merge_step
     step_kw = {"p_round": p_round}
+    if threshold:
+        if form != "rescale":
+            raise InputError("a rescale threshold applies to the rescale form only")
+        step_kw["threshold"] = threshold
+    k0, k1 = (0, s) if keys is None else keys
+    if not 0 <= k0 <= k1 <= s:
+        raise InputError(f"key range {k0}:{k1} is outside 0:{s}")
+    starts = list(range(k0, k1, bk))
+    if order is not None:
+        if sorted(int(i) for i in order) != list(range(len(starts))):
+            raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
+        starts = [starts[int(i)] for i in order]
     tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
     if trace_at is not None and not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
         raise InputError(
             f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "
             f"(B, H, t) = ({b}, {hq}, {t})"
         )
-    n_q, n_k = -(-t // bq), -(-s // bk)
+    n_q, n_k = -(-t // bq), len(starts)
     at_row = (tb, th // g, th % g)
 
     def q_tile(i0: int):
@@ -282,8 +299,8 @@ def attention(
         traced_here = i0 <= ti < i1
         at = (*at_row, ti - i0)
         steps, counts = [], [0, 0, 0]  # computed, skipped, rescales
-        for kj, j0 in enumerate(range(0, s, bk)):
-            j1 = min(s, j0 + bk)
+        for j0 in starts:
+            kj, j1 = (j0 - k0) // bk, min(k1, j0 + bk)
             kind = "full" if band is None else band.tile(i0, i1, j0, j1)
             um = None if user_mask is None else user_mask[..., i0:i1, j0:j1]
             if kind != "skip" and um is not None and _all_masked(um):
@@ -435,3 +452,59 @@ def summary(res: Attention, errs: dict | None, ref_row) -> dict:
             "reference": ref_row,
         },
     }
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a split-KV run, as the traced row saw it."""
+
+    split: int
+    start: int
+    stop: int
+    lse: float
+    weight: float
+    o: np.ndarray  # first O_SHOWN components of the normalised O_s
+
+
+@dataclass(frozen=True)
+class SplitRun:
+    """Flash-Decoding: K/V cut into chunks, each run to (O_s, LSE_s), then merged."""
+
+    out: np.ndarray
+    lse: np.ndarray
+    splits: tuple[Split, ...]
+    max_abs_diff: float  # merged vs the unsplit run, over all of O
+    max_lse_diff: float
+
+
+def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
+    """Run attention on `splits` near-equal chunks of the keys and merge them (NUMERICS §4).
+
+    kwargs are attention's (layout, masks, tiles, traced row); empty chunks get LSE -inf and
+    weight 0. The result is compared with `unsplit`, the same run without splitting.
+    """
+    from .merge import merge_detail
+
+    if splits < 1:
+        raise InputError(f"--splits must be at least 1, not {splits}")
+    layout = kwargs.get("layout", "bhnd")
+    s = as_bhnd(np.asarray(k), layout, "K").shape[2]
+    edges = np.linspace(0, s, splits + 1).round().astype(int)
+    kwargs = {**kwargs, "masked_lse": "neg-inf"}
+    parts = [attention(q, k, v, keys=(int(a), int(b)), **kwargs)
+             for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    merged = merge_detail([p.out for p in parts], [p.lse for p in parts])
+    lse = np.where(np.isneginf(merged.lse), MASKED_LSE[unsplit.masked_lse], merged.lse)
+    out = merged.out.astype(unsplit.out.dtype)
+    traced = unsplit.traced
+    rows = []
+    for n, (p, a, b) in enumerate(zip(parts, edges[:-1], edges[1:], strict=True)):
+        w = as_bhnd(merged.weights[n][..., None], layout, "weights")[..., 0]
+        rows.append(Split(n, int(a), int(b), float(row_of(p.lse[..., None], traced, layout)[0]),
+                          float(w[traced]), row_of(p.out, traced, layout)[:O_SHOWN].astype(float)))
+    same = lse == unsplit.lse
+    with np.errstate(invalid="ignore"):
+        lse_diff = np.where(same, 0.0, np.abs(lse - unsplit.lse))
+    return SplitRun(out, lse, tuple(rows),
+                    float(np.abs(out.astype(np.float64) - unsplit.out).max(initial=0.0)),
+                    float(lse_diff.max(initial=0.0)))

@@ -7,6 +7,7 @@ Nothing else lives here.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from enum import Enum
@@ -178,6 +179,12 @@ class MaskedLse(str, Enum):
     zero = "zero"
 
 
+class TileOrder(str, Enum):
+    forward = "forward"
+    reverse = "reverse"
+    shuffle = "shuffle"
+
+
 class UpdateForm(str, Enum):
     rescale = "rescale"
     merge = "merge"
@@ -231,6 +238,18 @@ def attention(
         bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
     ] = False,
     show_all: Annotated[bool, typer.Option("--all", help="Show every tile and component.")] = False,
+    splits: Annotated[
+        int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
+                                 "each to (O, LSE), merge, compare with the unsplit run.")
+    ] = None,
+    order: Annotated[
+        TileOrder, typer.Option("--order", help="Order to visit the K/V tiles in.")
+    ] = TileOrder.forward,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")] = 0,
+    rescale_threshold: Annotated[
+        float, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): move m "
+                            "only when a tile's max exceeds it by more than τ (natural log).")
+    ] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
@@ -245,7 +264,7 @@ def attention(
       osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4
       osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
     """
-    from . import attention as att
+    att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
 
     q, k, v = io.load_qkv(files)
     win = None if window is None else io.parse_pair(window, "--window")
@@ -255,10 +274,18 @@ def attention(
         io.check_mask(mask_arr, mask)
     kwargs = dict(causal=causal, scale=scale, layout=layout.value,
                   causal_align=causal_align.value, window=win, mask=mask_arr)
+    run_kw = dict(block_q=block_q, block_k=block_k, masked_lse=masked_lse.value, form=form.value,
+                  trace_at=(batch, head, query), threshold=rescale_threshold, **kwargs)
+    tile_order = None
+    if order is not TileOrder.forward:
+        from .merge import block_order
+
+        s_len = att.as_bhnd(k, layout.value, "K").shape[2]
+        bk = block_k or att.default_blocks(q.shape[-1])[1]
+        tile_order = block_order(-(-s_len // bk), order.value, seed)
     with _progress() as progress:
-        res = att.attention(q, k, v, block_q=block_q, block_k=block_k, masked_lse=masked_lse.value,
-                            form=form.value, trace_at=(batch, head, query), progress=progress,
-                            **kwargs)
+        res = att.attention(q, k, v, progress=progress, order=tile_order, **run_kw)
+    split_run = None if splits is None else att.split_kv(q, k, v, splits, res, **run_kw)
     errors, ref_row = None, None
     if not no_reference:
         ref_out, ref_lse = att.reference(q, k, v, **kwargs)
@@ -269,10 +296,17 @@ def attention(
     if lse_path:
         io.save_npy(Path(lse_path), res.lse)
     if as_json:
-        emit_json(att.summary(res, errors, ref_row))
+        doc = att.summary(res, errors, ref_row)
+        if split_run is not None:
+            doc["splits"] = [vars(s) for s in split_run.splits]
+            doc["splits_max_abs_diff"] = split_run.max_abs_diff
+            doc["splits_max_lse_diff"] = split_run.max_lse_diff
+        emit_json(doc)
         return
     out.print(render.attention_summary(res, errors))
     out.print(render.attention_trace(res, ref_row, out.width, show_all))
+    if split_run is not None:
+        out.print(render.split_table(split_run))
 
 
 class _progress:

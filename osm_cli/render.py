@@ -311,3 +311,20 @@ def progress_bar(console: Console):
 
     return Progress(TextColumn("Q tiles"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                     TimeRemainingColumn(), console=console, transient=True)
+
+
+def split_table(run) -> Group:
+    """Flash-Decoding's splits for the traced row: each (LSE_s, O_s) and its merge weight."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("split", "keys", "LSE_s", "weight exp(LSE_s − L)", "O_s[:3] (normalised)"):
+        t.add_column(name, justify="right" if name != "O_s[:3] (normalised)" else "left")
+    for s in run.splits:
+        t.add_row(str(s.split), f"{s.start}:{s.stop}", num(s.lse, 8), num(s.weight, 8),
+                  values(s.o, 5, 3))
+    return Group(
+        Text("split-KV (Flash-Decoding): each split run to (O_s, LSE_s), then\n"
+             "L = logsumexp LSE_s, O = Σ exp(LSE_s − L)·O_s"),
+        t,
+        agreement("merged vs unsplit O", run.max_abs_diff),
+        agreement("merged vs unsplit LSE", run.max_lse_diff),
+    )
