@@ -1,0 +1,229 @@
+"""Split-KV merge (Flash-Decoding) and the order/grouping independence of partial states.
+
+Two views of one fact: partial softmax results over disjoint sets of keys can be merged exactly.
+
+- `merge_partials` merges *normalised* partial outputs O_s with their log-sum-exps LSE_s, as a
+  split-KV kernel (Flash-Decoding, FlashInfer's merge_state) writes them (NUMERICS §4):
+  L = logsumexp_s LSE_s, out = Σ_s exp(LSE_s − L)·O_s. A chunk with no visible keys has
+  LSE −inf (or +inf, FA2's marker for it, read as −inf) and weight 0; all chunks empty gives
+  O = 0, LSE = −inf, never NaN.
+- `tree_merge` / `fold_merge` merge *unnormalised* online states (m, l, O) with online.combine,
+  pairwise or left to right; `order_check` shows that any block order and any grouping give the
+  one-shot result to rounding.
+
+Leaves out: files (io.py), printing (render.py), attention tiling (attention.py).
+
+Example: merge_partials([[1.], [3.]], [0., 0.]) -> (array([2.]), array(0.6931...)) (= ln 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, ShapeError
+from .online import State, block_state, combine, finalize, online_softmax, probabilities
+
+LSE_BASES = ("e", "2")
+ORDERS = ("forward", "reverse", "shuffle")
+
+
+@dataclass(frozen=True)
+class Merged:
+    """A merge of S partials: out (..., dv), lse (...) in `lse_base`, weights (S, ...).
+
+    weights[s] = exp(LSE_s − L) (2^(LSE_s − L) in base 2): the share of split s in each row;
+    they sum to 1 on every row that has a visible key and are all 0 on an empty row.
+    """
+
+    out: np.ndarray
+    lse: np.ndarray
+    weights: np.ndarray
+    empty: np.ndarray  # (S, ...) True where split s had no visible key (LSE ±inf)
+    lse_base: str
+
+
+def _stack(xs, name: str) -> np.ndarray:
+    if isinstance(xs, np.ndarray):
+        return xs
+    try:
+        return np.stack([np.asarray(x) for x in xs])
+    except ValueError:
+        shapes = ", ".join(str(tuple(np.shape(x))) for x in xs)
+        raise ShapeError(f"the {name} have different shapes: {shapes}") from None
+
+
+def merge_detail(outs, lses, lse_base: str = "e") -> Merged:
+    """Merge partial outputs and LSEs; see `Merged`. outs (S, ..., dv), lses (S, ...).
+
+    Either argument may be a list of S arrays or one stacked array. Computed in float64; the LSE
+    stays in the base it came in (FlashInfer's is log2, FA's and PyTorch's natural).
+    """
+    if lse_base not in LSE_BASES:
+        raise InputError(f"lse_base must be 'e' or '2', not {lse_base!r}")
+    o = _stack(outs, "outputs")
+    lse = _stack(lses, "LSEs")
+    if o.ndim < 2 or len(o) == 0:
+        raise ShapeError(
+            f"outputs must be (splits, ..., dv) with at least one split, not {o.shape}"
+        )
+    if o.shape[:-1] != lse.shape:
+        raise ShapeError(
+            f"each output's leading shape {o.shape[1:-1]} must equal its LSE's shape "
+            f"{lse.shape[1:]} (output (..., dv), LSE (...))"
+        )
+    o = np.asarray(o, dtype=np.float64)
+    lse = np.asarray(lse, dtype=np.float64)
+    if np.isnan(lse).any():
+        raise InputError("an LSE is NaN; a partial result with NaN cannot be merged")
+    exp, log = (np.exp, np.log) if lse_base == "e" else (np.exp2, np.log2)
+    empty = np.isinf(lse)  # -inf: no visible key; +inf: FA2 writes that for an empty chunk
+    lse = np.where(empty, -np.inf, lse)
+    top = lse.max(axis=0)
+    ref = np.where(np.isneginf(top), 0.0, top)  # all splits empty: subtract 0, not -inf
+    shifted = exp(lse - ref)  # ≤ 1, exactly 0 for the empty splits
+    total = shifted.sum(axis=0)
+    none = total == 0
+    with np.errstate(divide="ignore"):
+        merged_lse = np.where(none, -np.inf, ref + log(np.where(none, 1.0, total)))
+    weights = shifted / np.where(none, 1.0, total)
+    # An empty split's O may hold anything (0 in FA, garbage elsewhere): weight 0 must mean 0.
+    with np.errstate(invalid="ignore", over="ignore"):
+        contrib = np.where(weights[..., None] > 0, weights[..., None] * o, 0.0)
+    return Merged(contrib.sum(axis=0), merged_lse, weights, empty, lse_base)
+
+
+def merge_partials(outs, lses, lse_base: str = "e") -> tuple[np.ndarray, np.ndarray]:
+    """(out, lse) of merged partials: L = logsumexp_s LSE_s, out = Σ_s exp(LSE_s − L)·O_s.
+
+    Example: merge_partials([[1., 0.], [0., 1.]], [np.log(3), np.log(1)]) -> ([0.75, 0.25], ln 4)
+    """
+    m = merge_detail(outs, lses, lse_base)
+    return m.out, m.lse
+
+
+def partials(scores: np.ndarray, v: np.ndarray, splits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split the keys of scores (rows, n) and v (n, dv) into `splits` near-equal chunks and run
+    each to a normalised (O_s, LSE_s), as a split-KV kernel does.
+
+    Returns outs (S, rows, dv) and lses (S, rows).
+
+    A chunk with no keys (splits > n) or only -inf scores gets O = 0, LSE = -inf.
+    """
+    s = np.atleast_2d(scores)
+    n = s.shape[-1]
+    if splits < 1:
+        raise InputError("splits must be at least 1")
+    edges = np.linspace(0, n, splits + 1).round().astype(int)
+    outs, lses = [], []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        if a == b:
+            st = State(np.full(s.shape[0], -np.inf), np.zeros(s.shape[0]),
+                       np.zeros((s.shape[0], v.shape[-1])))
+        else:
+            st = block_state(s[:, a:b], v[a:b])
+        lse, out = finalize(st)
+        outs.append(out)
+        lses.append(lse)
+    return np.stack(outs), np.stack(lses)
+
+
+# ---------------------------------------------------------------------------------------------
+# Order and grouping of unnormalised states
+
+
+def fold_merge(states: Sequence[State]) -> State:
+    """((s0 ⊕ s1) ⊕ s2) ⊕ … : the sequential fold of the merge form."""
+    if not states:
+        raise InputError("nothing to merge: no states")
+    acc = states[0]
+    for st in states[1:]:
+        acc = combine(acc, st)[0]
+    return acc
+
+
+def tree_merge(states: Sequence[State]) -> State:
+    """Pairwise merge, (s0 ⊕ s1) ⊕ (s2 ⊕ s3) …, level by level; an odd one out moves up as is.
+
+    Same result as fold_merge to rounding: combine is associative and commutative (NUMERICS §1).
+    """
+    if not states:
+        raise InputError("nothing to merge: no states")
+    level = list(states)
+    while len(level) > 1:
+        nxt = [combine(a, b)[0] for a, b in zip(level[0::2], level[1::2], strict=False)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def block_order(count: int, order: str = "forward", seed: int = 0) -> np.ndarray:
+    """Block indices 0..count-1 in `order`: forward, reverse, or a seeded shuffle."""
+    if order == "forward":
+        return np.arange(count)
+    if order == "reverse":
+        return np.arange(count)[::-1].copy()
+    if order == "shuffle":
+        return np.random.default_rng(seed).permutation(count)
+    raise InputError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+
+
+@dataclass(frozen=True)
+class OrderCheck:
+    """Forward fold vs the chosen order vs a pairwise tree merge, over every row.
+
+    Differences are max |Δ| of the probabilities and of the LSE (natural log).
+    """
+
+    order: str
+    indices: np.ndarray
+    p_order: float  # forward vs chosen order
+    p_tree: float  # forward vs tree
+    p_order_tree: float  # chosen order vs tree
+    lse_order: float
+    lse_tree: float
+
+
+def _maxdiff(a: np.ndarray, b: np.ndarray) -> float:
+    same = (a == b) | (np.isnan(a) & np.isnan(b))  # -inf == -inf: no difference
+    return float(np.where(same, 0.0, np.abs(a - b)).max(initial=0.0))
+
+
+def tree_softmax(scores: np.ndarray, block: int) -> tuple[State, np.ndarray]:
+    """Each block's own (m, l) merged pairwise: (state, probabilities) over all rows of scores."""
+    s = np.atleast_2d(scores)
+    n = s.shape[-1]
+    states = [block_state(s[:, a:a + block]) for a in range(0, n, block)]
+    st = tree_merge(states)
+    return st, probabilities(s, st)
+
+
+def order_check(
+    scores: np.ndarray, block: int, form: str = "rescale", order: str = "forward", seed: int = 0,
+    threshold: float = 0.0,
+) -> OrderCheck:
+    """Run forward, in `order`, and as a tree; report the largest differences between them."""
+    s = np.atleast_2d(scores)
+    count = -(-s.shape[-1] // block)
+    idx = block_order(count, order, seed)
+    fwd = online_softmax(s, block, form, threshold=threshold)
+    chosen = online_softmax(s, block, form, order=idx, threshold=threshold)
+    tree_state, tree_p = tree_softmax(s, block)
+    tree_lse, _ = finalize(tree_state)
+    return OrderCheck(
+        order, idx,
+        _maxdiff(fwd.probabilities, chosen.probabilities),
+        _maxdiff(fwd.probabilities, tree_p),
+        _maxdiff(chosen.probabilities, tree_p),
+        _maxdiff(fwd.lse, chosen.lse),
+        _maxdiff(fwd.lse, tree_lse),
+    )
+
+
+__all__ = [
+    "LSE_BASES", "ORDERS", "Merged", "OrderCheck", "block_order", "fold_merge", "merge_detail",
+    "merge_partials", "order_check", "partials", "tree_merge", "tree_softmax",
+]
