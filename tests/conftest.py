@@ -1,0 +1,60 @@
+"""Shared fixtures: a CliRunner, a fixed-width colourless renderer, strict JSON parsing."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+
+
+def render_text(renderable, width: int = 100) -> str:
+    """The text a renderable prints in a 100-column console without colour."""
+    console = Console(
+        file=io.StringIO(), width=width, color_system=None, force_terminal=False,
+        legacy_windows=False,
+    )
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def _no_constants(name):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN, Infinity and -Infinity (RFC 8259)."""
+    return json.loads(text, parse_constant=_no_constants)
+
+
+@pytest.fixture(name="strict_json")
+def _strict_json_fixture():
+    return strict_json
+
+
+@pytest.fixture(name="render_text")
+def _render_text_fixture():
+    return render_text
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    # click 8.2+ keeps stdout and stderr apart: result.stdout, result.stderr.
+    return CliRunner()
+
+
+@pytest.fixture
+def samples() -> Path:
+    return SAMPLES
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    """Run from the repository root so samples/... paths resolve as in the README."""
+    monkeypatch.chdir(ROOT)
