@@ -129,6 +129,8 @@ def check_inputs(q, k, v) -> None:
     bv, hv, sv, _ = v.shape
     if dk != d:
         raise ShapeError(f"Q and K head dims differ: Q has d = {d}, K has d = {dk}")
+    if d == 0:
+        raise ShapeError("Q and K have head dim d = 0; attention needs d ≥ 1")
     if sv != s:
         raise ShapeError(f"K and V sequence lengths differ: K has {s} keys, V has {sv}")
     if hk != hv:
@@ -243,7 +245,8 @@ def attention(
     hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
     g = hq // hk
     bq0, bk0 = default_blocks(d)
-    bq, bk = block_q or bq0, block_k or bk0
+    bq = bq0 if block_q is None else block_q
+    bk = bk0 if block_k is None else block_k
     if bq < 1 or bk < 1:
         raise InputError(f"block sizes must be positive (block_q {bq}, block_k {bk})")
     if scale is None:
@@ -259,8 +262,9 @@ def attention(
         mask = np.asarray(mask)
         if mask.dtype.kind not in "bf":
             raise InputError(f"mask has dtype {mask.dtype}; use booleans (True = attend) or floats")
-        if mask.dtype.kind == "f" and np.isnan(mask).any():
-            raise InputError("mask contains NaN")
+        if mask.dtype.kind == "f" and (np.isnan(mask) | np.isposinf(mask)).any():
+            raise InputError("mask contains NaN or +inf; a float mask is added to the scores "
+                             "(use -inf to hide a key)")
         user_mask = _broadcast_mask(mask, (b, hq, t, s)).reshape(b, hk, g, t, s)
 
     # Query heads grouped under their kv head: q5 (B, Hkv, g, t, d), k5/v5 (B, Hkv, 1, s, ·).
@@ -331,7 +335,7 @@ def attention(
     # GIL, so a thread per core runs them side by side.
     trace: list[TileStep] = []
     computed = skipped = rescales = 0
-    workers = min(n_q, os.cpu_count() or 1)
+    workers = max(1, min(n_q, os.cpu_count() or 1))
     # One BLAS thread per worker: OpenBLAS's own threads would fight ours for the same cores.
     with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
         for done, (steps, counts) in enumerate(pool.map(q_tile, range(0, t, bq)), 1):

@@ -67,7 +67,9 @@ def attention(
     b, h, t, _ = q.shape
     s = k.shape[2]
     out = np.zeros((b, h, t, v.shape[-1]))
-    lse = np.zeros((b, h, t))
+    lse = np.full((b, h, t), -np.inf)
+    if s == 0:  # no keys at all: every row is fully masked
+        return out, lse
     chunk = rows_per_chunk or max(1, (1 << 22) // max(1, b * h * s))
     kT = np.asarray(k, dtype=np.float64).swapaxes(-1, -2)
     v64 = np.asarray(v, dtype=np.float64)
