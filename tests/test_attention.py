@@ -494,11 +494,13 @@ def test_lists_and_mixed_precision_inputs():
     heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]), b=st.integers(1, 2),
     bq=st.integers(1, 14), bk=st.integers(1, 14), layout=st.sampled_from(["bhnd", "bnhd"]),
     form=st.sampled_from(FORMS), causal=st.booleans(), align=st.sampled_from(ALIGNS),
-    seed=st.integers(0, 2**16),
+    seed=st.integers(0, 2**16), data=st.data(),
 )
 def test_tiles_and_layouts_do_not_change_the_result(t, s, d, dv, heads, b, bq, bk, layout, form,
-                                                   causal, align, seed):
+                                                   causal, align, seed, data):
+    """Any tile sizes, layout, update form and order of the K/V tiles: the one-shot result."""
     q, k, v = qkv(t, s, d, dv, heads=heads, b=b, seed=seed)
+    order = data.draw(st.permutations(range(-(-s // bk))), label="K/V tile order")
     kw = dict(causal=causal, causal_align=align)
     base = attention(q, k, v, **kw)
     ref_out, ref_lse = reference(q, k, v, **kw)
@@ -506,7 +508,8 @@ def test_tiles_and_layouts_do_not_change_the_result(t, s, d, dv, heads, b, bq, b
         args = [np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)]
     else:
         args = [q, k, v]
-    res = attention(*args, block_q=bq, block_k=bk, layout=layout, form=form, **kw)
+    res = attention(*args, block_q=bq, block_k=bk, layout=layout, form=form,
+                    order=np.array(order), **kw)
     out, lse = res.out, res.lse
     if layout == "bnhd":
         out, lse = out.transpose(0, 2, 1, 3), lse.transpose(0, 2, 1)
@@ -738,12 +741,17 @@ def test_zero_block_size_is_refused():
 
 
 def test_empty_queries():
+    """t = 0 (was: ThreadPoolExecutor(0) raised ValueError)."""
     _, k, v = qkv(3, 4, 2)
     res = attention(np.zeros((0, 2)), k, v, trace_at=None)
     assert res.out.shape == (0, 2) and res.lse.shape == (0,)
+    assert (res.tiles_computed, res.tiles_skipped, res.masked_rows) == (0, 0, 0)
+    ref_out, ref_lse = reference(np.zeros((0, 2)), k, v)
+    assert ref_out.shape == (0, 2) and ref_lse.shape == (0,)
 
 
 def test_reference_with_no_keys():
+    """s = 0: every row fully masked (was: reference() raised ValueError on an empty max)."""
     q, _, _ = qkv(3, 4, 2)
     k, v = np.zeros((0, 2)), np.zeros((0, 5))
     res = attention(q, k, v)
@@ -752,12 +760,17 @@ def test_reference_with_no_keys():
     assert (ref_out == 0).all() and np.isneginf(ref_lse).all()
 
 
-def test_plus_inf_in_float_mask_never_gives_nan():
+def test_plus_inf_in_float_mask_is_refused():
+    """+inf added to a score made m = inf and inf - inf = NaN (was: NaN output, no error)."""
     q, k, v = qkv(3, 4, 2)
     bias = np.zeros((3, 4))
     bias[0, 1] = np.inf
-    try:
-        res = attention(q, k, v, mask=bias)
-    except OsmError:
-        return
-    assert not np.isnan(res.out).any()
+    with pytest.raises(InputError, match=r"mask contains NaN or \+inf"):
+        attention(q, k, v, mask=bias)
+
+
+def test_zero_head_dim_is_refused():
+    """d = 0 (was: attention() ran with scale 1 while reference() divided by sqrt(0))."""
+    for f in (attention, reference):
+        with pytest.raises(ShapeError, match="head dim d = 0"):
+            f(np.zeros((4, 0)), np.zeros((6, 0)), np.zeros((6, 3)))
