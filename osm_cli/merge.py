@@ -130,6 +130,38 @@ def partials(scores: np.ndarray, v: np.ndarray, splits: int) -> tuple[np.ndarray
     return np.stack(outs), np.stack(lses)
 
 
+@dataclass(frozen=True)
+class SplitStat:
+    """One split of a merge, summarised over its rows (what `osm merge` tabulates)."""
+
+    split: int
+    rows: int
+    empty: int  # rows where this split saw no key (LSE -inf or +inf)
+    pos_inf: int  # of which written as +inf (FA2's marker)
+    lse_min: float  # over the non-empty rows (nan when none)
+    lse_max: float
+    weight_min: float  # exp(LSE_s − L) over rows with any visible key (nan when none)
+    weight_max: float
+    weight_mean: float
+
+
+def split_stats(merged: Merged, lses) -> tuple[SplitStat, ...]:
+    """Per split: empty rows, +inf markers, LSE range and weight range. lses: the LSEs as given."""
+    lse = np.asarray(_stack(lses, "LSEs"), dtype=np.float64)
+    live = ~np.isneginf(merged.lse)  # rows that some split saw
+    stats = []
+    for n in range(lse.shape[0]):
+        seen = lse[n][~merged.empty[n]]
+        w = merged.weights[n][live]
+        stats.append(SplitStat(
+            n, int(lse[n].size), int(merged.empty[n].sum()), int(np.isposinf(lse[n]).sum()),
+            float(seen.min()) if seen.size else np.nan, float(seen.max()) if seen.size else np.nan,
+            float(w.min()) if w.size else np.nan, float(w.max()) if w.size else np.nan,
+            float(w.mean()) if w.size else np.nan,
+        ))
+    return tuple(stats)
+
+
 # ---------------------------------------------------------------------------------------------
 # Order and grouping of unnormalised states
 
@@ -224,6 +256,7 @@ def order_check(
 
 
 __all__ = [
-    "LSE_BASES", "ORDERS", "Merged", "OrderCheck", "block_order", "fold_merge", "merge_detail",
-    "merge_partials", "order_check", "partials", "tree_merge", "tree_softmax",
+    "LSE_BASES", "ORDERS", "Merged", "OrderCheck", "SplitStat", "block_order", "fold_merge",
+    "merge_detail", "merge_partials", "order_check", "partials", "split_stats", "tree_merge",
+    "tree_softmax",
 ]

@@ -1,0 +1,116 @@
+"""What the block size buys: one run per block size, beside the FA1 cost model (costmodel.py).
+
+`sweep(blocks, run, ...)` takes any `run(block) -> Measure`: `score_runner(scores)` runs online
+softmax over a score matrix; an attention runner (Q/K/V through attention.py) plugs in the same
+way. Per block size it reports the measured error and rescale count next to the modelled per-tile
+working set and HBM traffic of tiled vs standard attention.
+Leaves out: files, printing, plotting.
+
+Example: sweep([2, 4], score_runner(np.array([[1., 2., 5., 3.]])), n_q=1, n_k=4, d=64).rows[0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costmodel import fa1_blocks, hbm_bytes_flash, hbm_bytes_standard, tile_bytes
+from .errors import InputError
+from .online import finalize, initial_state, probabilities, rescale_step
+from .reference import logsumexp, stable_softmax
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What one run at one block size measured (over every row)."""
+
+    max_error: float  # max |result − one-shot float64 reference| (probabilities or outputs)
+    lse_error: float  # max |LSE − reference LSE| over rows with a visible key
+    rescales: int  # steps where a row's running max moved and its old state was scaled down
+    tiles: int  # tiles of block_q rows × block keys
+    skipped: int  # of which every score is masked (-inf): a kernel with the mask skips them
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    block: int  # keys per block, FA's block_k / B_c
+    measure: Measure
+    tile_bytes: int  # on-chip working set of one tile step
+    fits: bool  # tile_bytes ≤ the SRAM size
+    hbm_flash: int  # modelled HBM bytes of the tiled forward with this block_k
+
+
+@dataclass(frozen=True)
+class Sweep:
+    rows: tuple[SweepRow, ...]
+    n_q: int
+    n_k: int
+    d: int
+    heads: int
+    batch: int
+    dtype_bytes: int
+    sram_bytes: int
+    block_q: int
+    hbm_standard: int  # modelled HBM bytes of standard attention's forward
+    fa1_block: tuple[int, int]  # FA1's (B_r, B_c) for this SRAM
+
+
+def sweep(
+    blocks: Sequence[int], run: Callable[[int], Measure], *, n_q: int, n_k: int, d: int,
+    heads: int = 1, batch: int = 1, dtype_bytes: int = 2, sram_bytes: int = 192 * 1024,
+    block_q: int = 128,
+) -> Sweep:
+    """Run `run(block)` for each block size and put the cost model beside each measurement."""
+    if not blocks or min(blocks) < 1:
+        raise InputError("block sizes must be whole numbers of at least 1")
+    M = sram_bytes // dtype_bytes
+    rows = []
+    for b in blocks:
+        tb = tile_bytes(block_q, b, d, dtype_bytes)
+        flash = hbm_bytes_flash(n_k, d, None, heads, batch, dtype_bytes, block_k=b, n_q=n_q)
+        rows.append(SweepRow(b, run(b), tb, tb <= sram_bytes, flash))
+    standard = hbm_bytes_standard(n_k, d, heads, batch, dtype_bytes, n_q=n_q)
+    return Sweep(
+        tuple(rows), n_q, n_k, d, heads, batch, dtype_bytes, sram_bytes, block_q, standard,
+        fa1_blocks(M, d) if M >= 1 else (0, 0),
+    )
+
+
+def score_runner(
+    scores: np.ndarray, dtype=np.float64, block_q: int = 128
+) -> Callable[[int], Measure]:
+    """run(block): online softmax (rescale form) over every row of `scores` in `dtype`, against
+    the float64 one-shot reference.
+    """
+    s64 = np.atleast_2d(np.asarray(scores, dtype=np.float64))
+    s = s64.astype(dtype)
+    ref_p = stable_softmax(s64)
+    ref_lse = logsumexp(s64)
+    rows, n = s.shape
+    row_tiles = -(-rows // block_q)
+
+    def run(block: int) -> Measure:
+        state = initial_state(rows, dtype=s.dtype)
+        rescales = skipped = 0
+        for a in range(0, n, block):
+            prev_m = state.m
+            state = rescale_step(state, s[:, a:a + block]).state
+            rescales += int((np.isfinite(prev_m) & (state.m != prev_m)).sum())
+            masked = np.isneginf(s[:, a:a + block]).all(axis=-1)
+            for r in range(row_tiles):
+                skipped += bool(masked[r * block_q:(r + 1) * block_q].all())
+        lse, _ = finalize(state)
+        p = probabilities(s, state).astype(np.float64)
+        seen = np.isfinite(ref_lse)
+        lse_err = np.abs(lse.astype(np.float64)[seen] - ref_lse[seen])
+        return Measure(
+            float(np.abs(p - ref_p).max()), float(lse_err.max(initial=0.0)), rescales,
+            row_tiles * -(-n // block), skipped,
+        )
+
+    return run
+
+
+__all__ = ["Measure", "Sweep", "SweepRow", "score_runner", "sweep"]
