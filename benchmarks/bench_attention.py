@@ -39,15 +39,20 @@ GOAL_VS_TORCH = 1.5
 GOAL_CAUSAL = 0.6
 
 
-def best_of(fn, repeats: int = REPEATS) -> tuple[float, object]:
-    """(best seconds, last result) of `repeats` timed calls after one untimed warm-up."""
-    result = fn()
-    best = math.inf
+def best_of(contenders: dict, repeats: int = REPEATS) -> tuple[dict, dict]:
+    """Best seconds and last result of each contender, after one untimed warm-up each.
+
+    The contenders take turns, round by round, so that load from other work on the same cores
+    falls on all of them alike rather than on whichever happened to run during it.
+    """
+    results = {name: fn() for name, fn in contenders.items()}
+    best = dict.fromkeys(contenders, math.inf)
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best, results
 
 
 def naive_numpy(q, k, v, causal: bool) -> np.ndarray:
@@ -102,44 +107,44 @@ def forward(n: int, h: int = 8, d: int = 64) -> None:
     print(f"\n== forward, fp32, B = 1, H = {h}, N = {n}, d = {d} (best of {REPEATS}) ==")
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, h, n, d), dtype=np.float32) for _ in range(3))
-    torch, sdpa = torch_sdpa()
+    _, sdpa = torch_sdpa()
     times: dict[str, float] = {}
-    outs: dict[str, np.ndarray] = {}
     for causal in (False, True):
         tag = "causal" if causal else "full"
-        times[f"osm {tag}"], res = best_of(lambda c=causal: attention(q, k, v, causal=c))
-        outs[f"osm {tag}"] = res.out
-        print(f"  osm attention()   {tag:6}  {times[f'osm {tag}']:8.3f} s   "
-              f"tiles {res.tiles_computed} computed, {res.tiles_skipped} skipped")
-        times[f"osm {tag} untraced"], _ = best_of(
-            lambda c=causal: attention(q, k, v, causal=c, trace_at=None))
-        print(f"  osm, no trace     {tag:6}  {times[f'osm {tag} untraced']:8.3f} s")
+        contenders = {
+            "osm": lambda c=causal: attention(q, k, v, causal=c),
+            "osm untraced": lambda c=causal: attention(q, k, v, causal=c, trace_at=None),
+            "numpy": lambda c=causal: naive_numpy(q, k, v, c),
+        }
         if sdpa is not None:
-            times[f"torch {tag}"], outs[f"torch {tag}"] = best_of(
-                lambda c=causal: sdpa(q, k, v, c))
-            diff = np.abs(outs[f"osm {tag}"] - outs[f"torch {tag}"]).max()
-            print(f"  torch SDPA        {tag:6}  {times[f'torch {tag}']:8.3f} s   "
-                  f"max |osm - torch| {diff:.2e}")
-        times[f"numpy {tag}"], outs[f"numpy {tag}"] = best_of(
-            lambda c=causal: naive_numpy(q, k, v, c))
-        print(f"  naive numpy       {tag:6}  {times[f'numpy {tag}']:8.3f} s   "
-              f"max |osm - numpy| {np.abs(outs[f'osm {tag}'] - outs[f'numpy {tag}']).max():.2e}")
-        outs.clear()
+            contenders["torch"] = lambda c=causal: sdpa(q, k, v, c)
+        best, outs = best_of(contenders)
+        times.update({f"{name} {tag}": t for name, t in best.items()})
+        res = outs["osm"]
+        print(f"  osm attention()   {tag:6}  {best['osm']:8.3f} s   "
+              f"tiles {res.tiles_computed} computed, {res.tiles_skipped} skipped")
+        print(f"  osm, no trace     {tag:6}  {best['osm untraced']:8.3f} s")
+        if sdpa is not None:
+            print(f"  torch SDPA        {tag:6}  {best['torch']:8.3f} s   "
+                  f"max |osm - torch| {np.abs(res.out - outs['torch']).max():.2e}")
+        print(f"  naive numpy       {tag:6}  {best['numpy']:8.3f} s   "
+              f"max |osm - numpy| {np.abs(res.out - outs['numpy']).max():.2e}")
+        del outs, res
 
     print("  ratios (lower is better for osm):")
     for tag in ("full", "causal"):
         if sdpa is not None:
             r = times[f"osm {tag}"] / times[f"torch {tag}"]
-            print(f"    osm / torch SDPA   {tag:6}  {r:6.2f}×   goal ≤ {GOAL_VS_TORCH}×: "
+            print(f"    osm / torch SDPA   {tag:6}  {r:6.3f}×   goal ≤ {GOAL_VS_TORCH}×: "
                   f"{'met' if r <= GOAL_VS_TORCH else 'MISSED'}")
         r = times[f"osm {tag}"] / times[f"numpy {tag}"]
-        print(f"    osm / naive numpy  {tag:6}  {r:6.2f}×   goal < 1×: "
+        print(f"    osm / naive numpy  {tag:6}  {r:6.3f}×   goal < 1×: "
               f"{'met' if r < 1 else 'MISSED'}")
     r = times["osm causal"] / times["osm full"]
-    print(f"    osm causal / osm full      {r:6.2f}×   goal ≤ {GOAL_CAUSAL}×: "
+    print(f"    osm causal / osm full      {r:6.3f}×   goal ≤ {GOAL_CAUSAL}×: "
           f"{'met' if r <= GOAL_CAUSAL else 'MISSED'}")
     if sdpa is not None:
-        print(f"    torch causal / torch full  {times['torch causal'] / times['torch full']:6.2f}×")
+        print(f"    torch causal / torch full  {times['torch causal'] / times['torch full']:6.3f}×")
 
 
 # The CLI runs under this small launcher, not straight from the benchmark: a child started by

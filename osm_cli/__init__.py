@@ -8,7 +8,10 @@ The Python API returns the same records the tables show:
 """
 
 from .attention import Attention, TileStep, attention
+from .costmodel import fa1_blocks, hbm_bytes_flash, hbm_bytes_standard, parse_size, tile_bytes
 from .errors import InputError, OsmError, ShapeError
+from .lazy import LazyReport, lazy_report
+from .merge import block_order, fold_merge, merge_detail, merge_partials, order_check, tree_merge
 from .online import (
     State,
     Step,
@@ -20,11 +23,15 @@ from .online import (
     rescale_step,
 )
 from .reference import logsumexp, naive_softmax, stable_softmax
+from .sweep import sweep
 
 __all__ = [
     "Attention", "TileStep", "attention",
     "InputError", "OsmError", "ShapeError", "State", "Step", "Trace", "combine",
     "initial_state", "logsumexp", "merge_step", "naive_softmax", "online_softmax",
     "rescale_step", "stable_softmax",
+    "LazyReport", "block_order", "fa1_blocks", "fold_merge", "hbm_bytes_flash",
+    "hbm_bytes_standard", "lazy_report", "merge_detail", "merge_partials", "order_check",
+    "parse_size", "sweep", "tile_bytes", "tree_merge",
 ]
 __version__ = "0.1.0"

@@ -86,6 +86,25 @@ def trace(
     row: Annotated[int, typer.Option("--row", min=0, help="Row of a matrix to trace.")] = 0,
     show_all: Annotated[bool, typer.Option("--all", help="Show every block and element.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    order: Annotated[TileOrder | None, typer.Option(
+        "--order", help="Fold the blocks forward, reverse or shuffled (--seed); also reports the "
+        "max difference between forward, this order and a pairwise (tree) merge.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")] = 0,
+    rescale_threshold: Annotated[float, typer.Option(
+        "--rescale-threshold", min=0.0, metavar="TAU",
+        help="Lazy rescale (FA4): move m only when a block max exceeds it by more than TAU, in "
+        "natural-log units (FA4's 8 in log2 is 5.545). Rescale form only.")] = 0.0,
+    csv: Annotated[Path | None, typer.Option(
+        "--csv", metavar="FILE", help="Also write the step table to FILE as CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", metavar="FILE.png",
+        help="Also draw m, l and α per block to a PNG (needs: pip install 'osm-cli[plot]')."),
+    ] = None,
+    step: Annotated[bool, typer.Option(
+        "--step", help="In a terminal, show one block at a time (Enter or space: next, q: quit).")
+    ] = False,
+    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
 ):
     """Trace online softmax over a score vector, block by block.
 
@@ -105,8 +124,25 @@ def trace(
     rows = np.atleast_2d(s)
     if row >= rows.shape[0]:
         raise OsmError(f"{name}: --row {row} is out of range; it has {rows.shape[0]} row(s)")
+    if dtype is not None or precision is not None:
+        others = order or rescale_threshold or csv or plot or step
+        return _trace_dtype(s, name, dtype, precision, block, form, row, show_all, as_json, others)
     forms = ["rescale", "merge"] if form is Form.both else [form.value]
-    traces = [online_softmax(s, block, f, row=row) for f in forms]
+    if rescale_threshold and form is not Form.rescale:
+        raise OsmError("--rescale-threshold applies to --form rescale only")
+    if not np.isfinite(rescale_threshold):
+        raise OsmError("--rescale-threshold must be a finite number")
+    if plot is not None:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
+    from .merge import block_order
+
+    idx = None if order is None else block_order(-(-rows.shape[1] // block), order.value, seed)
+    traces = [online_softmax(s, block, f, row=row, order=idx, threshold=rescale_threshold)
+              for f in forms]
+    lazy, eager, check = _trace_extras(s, block, row, idx, order, seed, rescale_threshold, traces)
+    _trace_files(csv, plot, traces, eager, rescale_threshold, name, block, order)
     stable = stable_softmax(s)
     naive = naive_softmax(s)
     t = traces[0]
@@ -114,19 +150,115 @@ def trace(
     diff_rows = np.abs(p2 - st2).max(axis=-1)
     m, l, lse = (np.atleast_1d(a) for a in (t.m, t.l, t.lse))
     if as_json:
-        emit_json(_trace_json(traces, s, stable, naive, diff_rows, block, form.value, row))
+        doc = _trace_json(traces, s, stable, naive, diff_rows, block, form.value, row)
+        emit_json({**doc, **_extras_json(doc, t, lazy, check, seed)})
         return
-    out.print(render.trace_header(name, rows.shape[0], rows.shape[1], row, block))
-    for tr in traces:
-        out.print(render.step_table(tr, show_all, out.width))
+    heads = [render.trace_header(name, rows.shape[0], rows.shape[1], row, block)]
+    heads += [render.lazy_note(rescale_threshold)] if rescale_threshold else []
+    if not _step_mode(step, heads, traces, show_all):
+        return
     out.print(render.final_line(m[row], l[row], lse[row]))
     if len(traces) == 2:
         both = np.abs(np.atleast_2d(traces[1].probabilities) - p2).max()
         out.print(render.agreement("rescale vs merge", float(both)))
-    out.print(render.element_table(rows[row], p2[row], st2[row], nv2[row], show_all))
+    out.print(render.element_table(rows[row], p2[row], st2[row], nv2[row], show_all, out.width))
     out.print(render.agreement("online vs one-shot stabilized", float(diff_rows[row])))
     if rows.shape[0] > 1:
         out.print(render.rows_table(m, l, lse, diff_rows, show_all))
+    if lazy is not None:
+        out.print(render.lazy_summary(lazy.rescales, lazy.rescales_eager, lazy.skipped,
+                                      lazy.max_excess, lazy.threshold))
+        out.print(render.agreement("lazy vs eager", lazy.max_abs_diff))
+    if check is not None:
+        out.print(render.order_table(check, seed))
+
+
+def _trace_extras(s, block, row, idx, order, seed, threshold, traces):
+    """(lazy report, eager trace, order check), each None unless its option was given."""
+    from .lazy import lazy_report
+    from .merge import order_check
+
+    lazy = eager = check = None
+    if threshold:
+        lazy, eager = lazy_report(s, block, threshold, row=row, order=idx, lazy=traces[0])
+    if order is not None:
+        check = order_check(s, block, traces[0].form, order.value, seed, threshold)
+    return lazy, eager, check
+
+
+def _trace_files(csv, plot, traces, eager, threshold, name, block, order) -> None:
+    """--csv and --plot: write the step table and the picture (atomically), note each on stderr."""
+    if csv is not None:
+        from .export import steps_csv
+
+        io.save_text(csv, steps_csv(traces))
+        err.print(f"wrote {csv} (step table, CSV)", markup=False)
+    if plot is not None:
+        from .plot import trace_png
+
+        title = f"{name}: online softmax, form {traces[0].form}, blocks of {block}"
+        title += f", order {order.value}" if order is not None else ""
+        title += f", lazy τ = {threshold:g}" if threshold else ""
+        io.save_bytes(plot, trace_png(traces[0], title, eager, threshold))
+        err.print(f"wrote {plot} (m, l and α per block, PNG)", markup=False)
+
+
+def _step_mode(step: bool, heads, traces, show_all: bool) -> bool:
+    """Print the headers and step tables, one block per key press under --step in a terminal.
+
+    False when the user quit early (the rest of the report is then left out).
+    """
+    from . import stepmode
+
+    if step and stepmode.interactive(sys.stdin, sys.stdout):
+        getkey = stepmode.buffered(_getkey)
+        for tr in traces:
+            n = len(tr.steps)
+            shown = stepmode.step_through(
+                out, lambda k, tr=tr: render.step_frame(heads, tr, k, out.width), n, getkey)
+            if shown < n:
+                err.print(f"stopped at block {shown} of {n}")
+                return False
+        return True
+    if step:
+        which = "output" if not sys.stdout.isatty() else "input"
+        err.print(f"--step: standard {which} is not a terminal; showing the whole table")
+    for h in heads:
+        out.print(h)
+    for tr in traces:
+        out.print(render.step_table(tr, show_all, out.width))
+    return True
+
+
+def _getkey() -> str:
+    try:
+        return typer.getchar()
+    except (KeyboardInterrupt, EOFError):
+        return "q"
+
+
+def _extras_json(doc, trace, lazy, check, seed) -> dict:
+    """JSON keys of --rescale-threshold and --order (and 'skipped' per step under a threshold)."""
+    extra: dict = {}
+    if lazy is not None:
+        for d, st in zip(doc["steps"], trace.steps, strict=True):
+            d["skipped"] = st.skipped
+        extra.update(
+            rescale_threshold=lazy.threshold, threshold_units="natural log",
+            rescales=lazy.rescales, rescales_eager=lazy.rescales_eager,
+            rescales_saved=lazy.rescales_saved, skipped_rescales=lazy.skipped,
+            max_excess=lazy.max_excess, lazy_vs_eager_max_abs_diff=lazy.max_abs_diff,
+        )
+    if check is not None:
+        extra.update(
+            order=check.order, seed=seed, block_order=check.indices,
+            order_check={
+                "forward_vs_order": check.p_order, "forward_vs_tree": check.p_tree,
+                "order_vs_tree": check.p_order_tree, "lse_forward_vs_order": check.lse_order,
+                "lse_forward_vs_tree": check.lse_tree,
+            },
+        )
+    return extra
 
 
 def _trace_json(traces, s, stable, naive, diff_rows, block, form, row):
@@ -190,27 +322,83 @@ class UpdateForm(str, Enum):
     merge = "merge"
 
 
+class PrecisionModel(str, Enum):
+    flash = "flash"
+    naive = "naive"
+
+
+class AccumDtype(str, Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+def _dtype_name(value):
+    """--dtype: a dtype name or alias, as its canonical name (a bad one exits 2)."""
+    if value is None:
+        return None
+    from .precision import resolve_dtype
+
+    try:
+        return resolve_dtype(value)[0]
+    except OsmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _dtype_names(values):
+    return None if not values else [_dtype_name(v) for v in values]
+
+
+_DTYPES_HELP = ("float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 "
+                "(or fp64, fp32, fp16, bf16, e4m3, e5m2)")
+
+# Options shared by attention, check and trace: one definition each.
+CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal mask.")]
+CausalAlignOpt = Annotated[
+    Align, typer.Option("--causal-align", help="bottom-right (FlashAttention) or top-left "
+                        "(PyTorch is_causal) when Q and K lengths differ.")
+]
+WindowOpt = Annotated[
+    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
+]
+MaskOpt = Annotated[
+    str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
+                             "bool (True = attend) or float (added to the scores).")
+]
+ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")]
+LayoutOpt = Annotated[
+    Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
+]
+DtypeOpt = Annotated[str | None, typer.Option(
+    "--dtype", callback=_dtype_name, help=f"Round inputs to this dtype: {_DTYPES_HELP}.")]
+PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
+    "--precision", help="With --dtype: flash (a FlashAttention kernel: fp32 state, P rounded "
+    "before P·V; the default) or naive (everything in the dtype).")]
+AccumOpt = Annotated[AccumDtype | None, typer.Option(
+    "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
+
+
+def _mask_kwargs(causal, causal_align, window, mask, scale, layout) -> dict:
+    """attention's mask, scale and layout keywords from the shared options."""
+    win = None if window is None else io.parse_pair(window, "--window")
+    mask_arr = None
+    if mask is not None:
+        mask_arr = io.load_array(Path(mask), mmap=False)
+        io.check_mask(mask_arr, mask)
+    return dict(causal=causal, scale=scale, layout=layout.value,
+                causal_align=causal_align.value, window=win, mask=mask_arr)
+
+
 @app.command()
 @guarded
 def attention(
     files: Annotated[
         list[str], typer.Argument(help="Q K V as .npy files, or one .npz holding q, k, v.")
     ],
-    causal: Annotated[bool, typer.Option("--causal", help="Causal mask.")] = False,
-    causal_align: Annotated[
-        Align, typer.Option("--causal-align", help="bottom-right (FlashAttention) or top-left "
-                            "(PyTorch is_causal) when Q and K lengths differ.")
-    ] = Align.bottom_right,
-    window: Annotated[
-        str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
-    ] = None,
-    mask: Annotated[
-        str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
-                                 "bool (True = attend) or float (added to the scores).")
-    ] = None,
-    scale: Annotated[
-        float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")
-    ] = None,
+    causal: CausalOpt = False,
+    causal_align: CausalAlignOpt = Align.bottom_right,
+    window: WindowOpt = None,
+    mask: MaskOpt = None,
+    scale: ScaleOpt = None,
     block_q: Annotated[
         int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
     ] = None,
@@ -218,9 +406,7 @@ def attention(
         int | None, typer.Option("--block-k", min=1,
                                  help="Keys per tile (default 128 for d <= 64, else 64).")
     ] = None,
-    layout: Annotated[
-        Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
-    ] = Layout.bhnd,
+    layout: LayoutOpt = Layout.bhnd,
     masked_lse: Annotated[
         MaskedLse, typer.Option("--masked-lse", help="LSE of fully masked rows.")
     ] = MaskedLse.neg_inf,
@@ -250,6 +436,9 @@ def attention(
         float, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): move m "
                             "only when a tile's max exceeds it by more than τ (natural log).")
     ] = 0.0,
+    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
+    accum: AccumOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
@@ -263,19 +452,16 @@ def attention(
       osm attention samples/q.npy samples/k.npy samples/v.npy
       osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4
       osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
+      osm attention q.npy k.npy v.npy --dtype bf16
     """
     att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
 
     q, k, v = io.load_qkv(files)
-    win = None if window is None else io.parse_pair(window, "--window")
-    mask_arr = None
-    if mask is not None:
-        mask_arr = io.load_array(Path(mask), mmap=False)
-        io.check_mask(mask_arr, mask)
-    kwargs = dict(causal=causal, scale=scale, layout=layout.value,
-                  causal_align=causal_align.value, window=win, mask=mask_arr)
+    kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
+    lab, (q, k, v), notes = _lab(dtype, precision, accum, q, k, v)
     run_kw = dict(block_q=block_q, block_k=block_k, masked_lse=masked_lse.value, form=form.value,
                   trace_at=(batch, head, query), threshold=rescale_threshold, **kwargs)
+    run_kw.update(_lab_kwargs(lab, splits))
     tile_order = None
     if order is not TileOrder.forward:
         from .merge import block_order
@@ -284,19 +470,21 @@ def attention(
         bk = block_k or att.default_blocks(q.shape[-1])[1]
         tile_order = block_order(-(-s_len // bk), order.value, seed)
     with _progress() as progress:
-        res = att.attention(q, k, v, progress=progress, order=tile_order, **run_kw)
+        res = _run(att, lab, q, k, v, progress=progress, order=tile_order, **run_kw)
     split_run = None if splits is None else att.split_kv(q, k, v, splits, res, **run_kw)
-    errors, ref_row = None, None
+    errors, ref_row, verdict = None, None, None
     if not no_reference:
         ref_out, ref_lse = att.reference(q, k, v, **kwargs)
         errors = att.errors(res, ref_out, ref_lse)
         ref_row = att.row_of(ref_out, res.traced, layout.value)
+        verdict = _verdict(lab, res, ref_out, ref_lse, q, k, v, kwargs)
     if out_path:
-        io.save_npy(Path(out_path), res.out)
+        io.save_npy(Path(out_path), _storable(lab, res.out))
     if lse_path:
         io.save_npy(Path(lse_path), res.lse)
     if as_json:
         doc = att.summary(res, errors, ref_row)
+        doc.update(_precision_doc(lab, notes, verdict))
         if split_run is not None:
             doc["splits"] = [vars(s) for s in split_run.splits]
             doc["splits_max_abs_diff"] = split_run.max_abs_diff
@@ -304,6 +492,8 @@ def attention(
         emit_json(doc)
         return
     out.print(render.attention_summary(res, errors))
+    if lab is not None:
+        out.print(render.precision_summary(lab, notes, verdict))
     out.print(render.attention_trace(res, ref_row, out.width, show_all))
     if split_run is not None:
         out.print(render.split_table(split_run))
@@ -341,6 +531,9 @@ def overflow_demo(
     values: Annotated[
         list[float] | None, typer.Argument(help="Scores to try (default 100 102 99).")
     ] = None,
+    dtype: Annotated[list[str] | None, typer.Option(
+        "--dtype", callback=_dtype_names,
+        help=f"Show only these dtypes (repeatable): {_DTYPES_HELP}.")] = None,
 ):
     """Show why naive softmax overflows and how subtracting the max fixes it.
 
@@ -351,13 +544,378 @@ def overflow_demo(
     Examples:
       osm overflow-demo
       osm overflow-demo 10 11 12
+      osm overflow-demo --dtype e4m3 --dtype e5m2
     """
+    from .precision import DEMO_DTYPES
     from .precision import overflow_demo as demo
 
     xs = values or [100.0, 102.0, 99.0]
     if any(np.isnan(x) for x in xs):
         raise OsmError("values must not be NaN")
-    out.print(render.overflow_tables(demo(xs)))
+    result = demo(xs, tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES)
+    out.print(render.overflow_tables(result))
+    if any(not np.array_equal(r.held, result.values) for r in result.rows):
+        out.print(render.held_table(result))
+
+
+class LseBase(str, Enum):
+    e = "e"
+    two = "2"
+
+
+@app.command()
+@guarded
+def merge(
+    files: Annotated[list[Path], typer.Argument(
+        help="Pairs O_0 LSE_0 O_1 LSE_1 …: normalised partial outputs (…, dv) and their LSEs "
+        "(…), as .npy or one-array .npz files.", show_default=False,
+        metavar="O_0 LSE_0 O_1 LSE_1 ...")],
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", metavar="FILE.npy", help="Write the merged O here.")] = None,
+    lse_path: Annotated[Path | None, typer.Option(
+        "--lse", metavar="FILE.npy", help="Write the merged LSE here (in the input's base).")
+    ] = None,
+    lse_base: Annotated[LseBase, typer.Option(
+        "--lse-base", help="Base of the LSE files: e (FlashAttention, PyTorch) or 2 (FlashInfer).")
+    ] = LseBase.e,
+    row: Annotated[int, typer.Option(
+        "--row", min=0, help="Row to show in detail (flat index over O's leading axes).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+):
+    """Merge split-KV partial results (O_s, LSE_s) into one, as Flash-Decoding does.
+
+    L = logsumexp over s of LSE_s and O = Σ exp(LSE_s − L)·O_s. A split with LSE -inf (or +inf,
+    FA2's marker for a split without keys) has weight 0; a row empty in every split gets O = 0 and
+    LSE = -inf, never NaN. Outputs keep the inputs' float dtype.
+
+    \b
+    Examples:
+      osm merge o0.npy lse0.npy o1.npy lse1.npy --out o.npy --lse lse.npy
+      osm merge o0.npy lse0.npy o1.npy lse1.npy --lse-base 2 --row 5
+    """
+    from .merge import merge_detail, split_stats
+
+    if out_path is not None and lse_path is not None and out_path.resolve() == lse_path.resolve():
+        raise OsmError(f"--out and --lse are the same file ({out_path}); give two names")
+    outs, lses = io.load_partials(files)
+    merged = merge_detail(outs, lses, lse_base.value)
+    stats = split_stats(merged, lses)
+    n_rows = merged.lse.size
+    if row >= n_rows:
+        raise OsmError(f"--row {row} is out of range; the partials have {n_rows} row(s)")
+    written = ((out_path, merged.out, files[0::2]), (lse_path, merged.lse, files[1::2]))
+    for path, arr, src in written:
+        if path is not None:
+            io.save_npy(path, arr.astype(_float_dtype(src)))
+            err.print(f"wrote {path} {tuple(arr.shape)}", markup=False)
+    row_lses = [float(x.reshape(-1)[row]) for x in lses]
+    if as_json:
+        emit_json(_merge_json(files, stats, merged, row, row_lses))
+        return
+    names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
+    out.print(render.merge_table(names, stats, merged, row, row_lses))
+
+
+def _float_dtype(paths) -> np.dtype:
+    """The dtype to write a merge in: the inputs' common numpy float, else float64."""
+    kinds = {io.load_array(Path(p)).dtype for p in paths}
+    common = np.result_type(*kinds) if all(k.kind == "f" for k in kinds) else np.float64
+    return np.dtype(common if common in (np.float16, np.float32, np.float64) else np.float64)
+
+
+def _merge_json(files, stats, merged, row, row_lses) -> dict:
+    weights = merged.weights.reshape(len(stats), -1)
+    return {
+        "lse_base": merged.lse_base,
+        "shape": list(merged.out.shape),
+        "rows": int(merged.lse.size),
+        "empty_rows": int(np.isneginf(merged.lse).sum()),
+        "splits": [
+            {"o": str(o), "lse": str(lse), "rows": st.rows, "empty_rows": st.empty,
+             "pos_inf": st.pos_inf, "lse_min": st.lse_min, "lse_max": st.lse_max,
+             "weight_min": st.weight_min, "weight_max": st.weight_max,
+             "weight_mean": st.weight_mean, "row_lse": rl, "row_weight": weights[st.split, row]}
+            for st, o, lse, rl in zip(stats, files[0::2], files[1::2], row_lses, strict=True)
+        ],
+        "row": row,
+        "row_lse": merged.lse.reshape(-1)[row],
+        "row_out": merged.out.reshape(merged.lse.size, -1)[row],
+    }
+
+
+def _block_list(text: str) -> list[int]:
+    try:
+        blocks = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give whole numbers separated by commas") from None
+    if not blocks or min(blocks) < 1:
+        raise typer.BadParameter(f"{text!r}: block sizes must be at least 1")
+    return blocks
+
+
+def _size(text: str) -> int:
+    from .costmodel import parse_size
+
+    try:
+        return parse_size(text)
+    except OsmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@app.command()
+@guarded
+def sweep(
+    scores: Annotated[str | None, typer.Argument(
+        help="Scores: text, .csv, .npy/.npz file, or '-' for standard input.")] = None,
+    values: Annotated[
+        str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
+    ] = None,
+    blocks: Annotated[str, typer.Option(
+        "--blocks", callback=_block_list, help="Block sizes (keys per block), comma separated.")
+    ] = "16,32,64,128,256",
+    sram: Annotated[str, typer.Option(
+        "--sram", callback=_size, help="SRAM for the model: 192KiB (A100), 228KiB (H100); "
+        "KiB/MiB 1024-based, KB/MB 1000-based.")] = "192KiB",
+    head_dim: Annotated[int, typer.Option(
+        "--head-dim", "-d", min=1, help="Head dim d for the model (scores carry none).")] = 64,
+    block_q: Annotated[int, typer.Option(
+        "--block-q", min=1, help="Query rows per tile, for the working set.")] = 128,
+    dtype_bytes: Annotated[int, typer.Option(
+        "--dtype-bytes", min=1, help="Bytes per element in HBM and SRAM (2: fp16/bf16).")] = 2,
+    accum: Annotated[AccumDtype, typer.Option(
+        "--accum", help="Hold the scores and the state (m, l) in this dtype; the reference is "
+        "float64.")] = AccumDtype.float64,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+):
+    """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
+
+    Per block size: online softmax over every row, its max error against the one-shot float64
+    reference and its rescale count, beside the FA1 cost model (Theorem 2): the bytes one tile
+    holds on chip and the HBM traffic of tiled vs standard attention for this many rows and keys.
+
+    \b
+    Examples:
+      osm sweep samples/matrix.txt --blocks 1,2,4
+      osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
+    """
+    from .sweep import score_runner
+    from .sweep import sweep as run_sweep
+
+    if plot is not None:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
+    s, name = io.load_scores(scores, values)
+    rows = np.atleast_2d(s)
+    runner = score_runner(rows, np.dtype(accum.value), block_q)
+    res = run_sweep(blocks, runner, n_q=rows.shape[0], n_k=rows.shape[1], d=head_dim,
+                    dtype_bytes=dtype_bytes, sram_bytes=sram, block_q=block_q)
+    if plot is not None:
+        from .plot import sweep_png
+
+        io.save_bytes(plot, sweep_png(res, f"{name}: block-size sweep (state in {accum.value})"))
+        err.print(f"wrote {plot} (error, rescales and HBM traffic vs block size, PNG)",
+                  markup=False)
+    if as_json:
+        emit_json(_sweep_json(res, name, accum.value))
+        return
+    out.print(render.sweep_table(res, name))
+
+
+def _sweep_json(res, name: str, accum: str) -> dict:
+    return {
+        "source": name, "accum": accum, "rows": res.n_q, "keys": res.n_k, "d": res.d,
+        "dtype_bytes": res.dtype_bytes, "sram_bytes": res.sram_bytes, "block_q": res.block_q,
+        "hbm_standard": res.hbm_standard, "fa1_block_q": res.fa1_block[0],
+        "fa1_block_k": res.fa1_block[1],
+        "blocks": [
+            {"block": r.block, "tiles": r.measure.tiles, "masked_tiles": r.measure.skipped,
+             "rescales": r.measure.rescales, "max_abs_error": r.measure.max_error,
+             "max_lse_error": r.measure.lse_error, "tile_bytes": r.tile_bytes, "fits": r.fits,
+             "hbm_flash": r.hbm_flash}
+            for r in res.rows
+        ],
+    }
+
+
+@app.command()
+@guarded
+def cost(
+    seq_len: Annotated[int, typer.Option("--seq-len", "-n", min=1, help="Sequence length N.")
+                       ] = 1024,
+    head_dim: Annotated[int, typer.Option("--head-dim", "-d", min=1, help="Head dim d.")] = 64,
+    heads: Annotated[int, typer.Option("--heads", min=1, help="Attention heads.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 1,
+    dtype_bytes: Annotated[int, typer.Option(
+        "--dtype-bytes", min=1, help="Bytes per element (2: fp16/bf16).")] = 2,
+    sram: Annotated[str, typer.Option(
+        "--sram", callback=_size, help="SRAM size M: 192KiB (A100), 228KiB (H100).")] = "192KiB",
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+):
+    """FA1's I/O cost model: HBM bytes of standard vs tiled attention for one shape (a model).
+
+    \b
+    Example (GPT-2 medium, FA1 Fig. 2):
+      osm cost -n 1024 -d 64 --heads 16 --batch 64
+    """
+    from dataclasses import asdict
+
+    from .costmodel import cost as model
+
+    c = model(seq_len, head_dim, heads, batch, dtype_bytes, sram)
+    if as_json:
+        emit_json(asdict(c))
+        return
+    out.print(render.cost_table(c))
+
+
+# ---------------------------------------------------------------------------------------------
+# precision: --dtype on attention and trace, and osm check
+
+
+def _lab(dtype, precision, accum, q, k, v):
+    """(model, (q, k, v) rounded to --dtype, rounding notes), or (None, inputs, ()) without it."""
+    if dtype is None:
+        if precision is not None or accum is not None:
+            raise OsmError("--precision and --accum need --dtype")
+        return None, (q, k, v), ()
+    from . import precision as prec
+
+    lab = prec.model(dtype, precision and precision.value, accum and accum.value)
+    rounded, notes = prec.round_inputs({"Q": q, "K": k, "V": v}, lab.dtype)
+    return lab, rounded, notes
+
+
+def _lab_kwargs(lab, splits) -> dict:
+    """attention keywords of the flash model: the state's dtype and P's rounding."""
+    if lab is None:
+        return {}
+    if lab.precision == "naive" and splits is not None:
+        raise OsmError("--splits needs the tiled run; --precision naive is one-shot attention")
+    return {} if lab.precision == "naive" else {"accum": lab.accum, "p_round": lab.p_round}
+
+
+def _run(att, lab, q, k, v, **run_kw):
+    """attention, or the precision model of --dtype (O / l rounded; naive: one-shot plain)."""
+    if lab is None:
+        return att.attention(q, k, v, **run_kw)
+    from . import precision as prec
+
+    if lab.precision == "naive":
+        keep = ("causal", "scale", "layout", "causal_align", "window", "mask", "trace_at",
+                "masked_lse")
+        return prec.run_naive(lab, q, k, v, **{key: run_kw[key] for key in keep})
+    return prec.finish(lab, att.attention(q, k, v, **run_kw))
+
+
+def _verdict(lab, res, ref_out, ref_lse, q, k, v, kwargs):
+    if lab is None:
+        return None
+    from . import precision as prec
+
+    return prec.judge_run(lab, res, ref_out, ref_lse, q, k, v, **kwargs)
+
+
+def _storable(lab, o):
+    if lab is None:
+        return o
+    from . import precision as prec
+
+    return prec.storable(lab, o)
+
+
+def _precision_doc(lab, notes, verdict) -> dict:
+    if lab is None:
+        return {}
+    from . import precision as prec
+
+    return {"precision": prec.precision_json(lab, notes, verdict)}
+
+
+def _trace_dtype(s, name, dtype, precision, block, form, row, show_all, as_json, others):
+    """osm trace --dtype: scores rounded to the dtype, the state held as --precision holds it."""
+    from . import precision as prec
+
+    if dtype is None:
+        raise OsmError("--precision needs --dtype")
+    if others:
+        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
+                       "--plot or --step")
+    lab = prec.model(dtype, precision and precision.value)
+    forms = ["rescale", "merge"] if form is Form.both else [form.value]
+    lts = [prec.trace_in(s, lab, block, f, row) for f in forms]
+    lt = lts[0]
+    m, l, lse = (np.atleast_1d(a) for a in (lt.trace.m, lt.trace.l, lt.trace.lse))
+    if as_json:
+        doc = _trace_json([x.trace for x in lts], lt.scores, lt.exact, lt.naive, lt.max_diff,
+                          block, form.value, row)
+        doc["probabilities"] = lt.probabilities
+        doc.update(dtype=lab.name, precision=lab.precision, scores_in_dtype=lt.scores,
+                   reference_note="float64 stabilized softmax of the unrounded scores",
+                   ulps=lt.ulps, rounding=vars(lt.rounding), p_underflowed=lt.p_underflowed,
+                   alpha_underflowed=list(lt.alpha_underflowed))
+        emit_json(doc)
+        return
+    rows = np.atleast_2d(s)
+    out.print(render.trace_header(name, rows.shape[0], rows.shape[1], row, block))
+    for x in lts:
+        out.print(render.step_table(x.trace, show_all, out.width))
+    out.print(render.final_line(m[row], l[row], lse[row]))
+    out.print(render.dtype_elements(s, lt, row, show_all))
+    out.print(render.dtype_trace_note(lt, row))
+
+
+@app.command()
+@guarded
+def check(
+    out_file: Annotated[str, typer.Argument(
+        help="The kernel's output O as .npy, shaped like Q but with V's head dim.")],
+    files: Annotated[list[str], typer.Argument(
+        help="The kernel's inputs: Q K V as .npy files, or one .npz (q, k, v).")],
+    lse: Annotated[str | None, typer.Option(
+        "--lse", help="The kernel's LSE (natural log) as .npy, to judge too.")] = None,
+    dtype: DtypeOpt = None,
+    causal: CausalOpt = False,
+    causal_align: CausalAlignOpt = Align.bottom_right,
+    window: WindowOpt = None,
+    mask: MaskOpt = None,
+    scale: ScaleOpt = None,
+    layout: LayoutOpt = Layout.bhnd,
+    top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
+    no_model: Annotated[bool, typer.Option(
+        "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+):
+    """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
+
+    ref = the float64 reference of the dtype-rounded inputs, cast to the dtype; pt = plain
+    attention in the dtype. Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3)
+    − ref|. Exit 0: pass. Exit 1: fail ("FAIL: …" on stderr) or bad input ("Error: …").
+    --dtype defaults to OUT's own dtype.
+
+    \b
+    Examples:
+      osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
+      osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
+    """
+    from . import precision as prec
+
+    o = io.load_array(Path(out_file), mmap=False)
+    q, k, v = io.load_qkv(files)
+    lse_arr = None if lse is None else io.load_array(Path(lse), mmap=False)
+    dt = prec.DTYPES[dtype] if dtype else prec.output_dtype(o, out_file)
+    kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
+    rep = prec.check(o, q, k, v, dt, lse=lse_arr, top=top, with_model=not no_model, **kwargs)
+    if as_json:
+        emit_json(prec.check_json(rep))
+    else:
+        out.print(render.check_report(rep, out_file, top))
+    if not rep.verdict.passed:
+        err.print(f"FAIL: {prec.fail_line(rep)}", markup=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

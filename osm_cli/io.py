@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, ShapeError
 
 _SEP = re.compile(r"[,;\s]+")
 
@@ -93,6 +93,9 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.n
                 if chosen not in names:
                     raise InputError(f"{path}: has no array {chosen!r} (it has {', '.join(names)})")
                 return npz[chosen]
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":  # np.load would take anything else for a pickle
+                raise InputError(f"{path}: not a valid .npy/.npz file (it has no NPY header)")
         arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except InputError:
         raise
@@ -173,7 +176,7 @@ def load_scores(source: str | None, values: str | None = None) -> tuple[np.ndarr
     if path.suffix.lower() in (".npy", ".npz"):
         return check_scores(load_array(path), str(path)), str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # spreadsheets start CSV with a BOM
     except UnicodeDecodeError:
         raise InputError(f"{path}: is not a text file (and not .npy/.npz)") from None
     except OSError as exc:
@@ -212,6 +215,11 @@ def save_text(path: Path, text: str) -> None:
     _atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
+def save_bytes(path: Path, data: bytes) -> None:
+    """Write bytes (a PNG, say), atomically."""
+    _atomic_write(path, lambda fh: fh.write(data))
+
+
 def jsonable(obj):
     """Plain Python values for strict JSON: arrays to lists, inf/nan to "inf", "-inf", "nan"."""
     if isinstance(obj, dict):
@@ -243,7 +251,7 @@ def dumps(obj, indent: int | None = 2) -> str:
 
 __all__ = [
     "check_file", "check_real", "check_scores", "dumps", "jsonable", "load_array",
-    "load_scores", "parse_text", "save_npy", "save_text"
+    "load_scores", "parse_text", "save_bytes", "save_npy", "save_text"
 ]
 
 
@@ -284,3 +292,55 @@ def check_mask(mask: np.ndarray, name: str) -> None:
         )
     if np.isnan(mask).any():
         raise InputError(f"{name}: holds NaN; a float mask is added to the scores")
+    if np.isposinf(mask).any():
+        raise InputError(f"{name}: holds +inf; a float mask is added to the scores "
+                         "(use -inf to hide a key)")
+
+
+def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Split-KV partial results from pairs of files O_0 LSE_0 O_1 LSE_1 …, checked and as float64.
+
+    Each O is a normalised output (…, dv), each LSE has O's shape without the last axis; every
+    pair has the same shapes. NaN anywhere and ±inf in an O are refused; an LSE of ±inf marks a
+    split with no visible key and is fine.
+    """
+    if not paths or len(paths) % 2:
+        raise InputError(
+            f"merge needs pairs of files, O_0 LSE_0 O_1 LSE_1 …; got {len(paths)} file(s)"
+        )
+    outs, lses = [], []
+    for o_path, l_path in zip(paths[0::2], paths[1::2], strict=True):
+        o, lse = load_array(Path(o_path)), load_array(Path(l_path))
+        for arr, p in ((o, o_path), (lse, l_path)):
+            check_real(arr, str(p))
+        o = np.asarray(o, dtype=np.float64)
+        lse = np.asarray(lse, dtype=np.float64)
+        if o.ndim < 1 or o.size == 0:
+            raise InputError(f"{o_path}: an output needs a last axis dv of at least 1, {o.shape}")
+        for arr, p, what in ((o, o_path, "output"), (lse, l_path, "LSE")):
+            bad = np.isnan(arr)
+            if bad.any():
+                at = _index(int(np.flatnonzero(bad)[0]), arr.shape)
+                raise InputError(f"{p}: NaN at index {at}; a partial {what} must not be NaN")
+        bad = np.isinf(o)
+        if bad.any():
+            at = _index(int(np.flatnonzero(bad)[0]), o.shape)
+            raise InputError(f"{o_path}: inf at index {at}; a normalised output is finite")
+        if lse.shape != o.shape[:-1]:
+            hint = (
+                " (the same axes in another order: FlashAttention writes O as (B, N, H, d) but "
+                "its LSE as (B, H, N); transpose one)"
+                if sorted(lse.shape) == sorted(o.shape[:-1]) else ""
+            )
+            raise ShapeError(
+                f"{l_path}: shape {tuple(lse.shape)} does not fit {o_path} {tuple(o.shape)}; an "
+                f"LSE has its output's shape without the last axis, {tuple(o.shape[:-1])}{hint}"
+            )
+        if outs and o.shape != outs[0].shape:
+            raise ShapeError(
+                f"{o_path}: shape {tuple(o.shape)} differs from {paths[0]} {tuple(outs[0].shape)};"
+                " every split has the same rows and dv"
+            )
+        outs.append(o)
+        lses.append(lse)
+    return outs, lses

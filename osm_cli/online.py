@@ -97,8 +97,9 @@ def rescale_step(
     else:
         m_new = np.maximum(state.m, block_max)
     ref = _ref(m_new)
-    alpha = np.exp(state.m - ref)
-    p = np.subtract(s, ref[..., None])
+    with np.errstate(over="ignore"):  # s - m below -max rounds to -inf, whose exp is rightly 0
+        alpha = np.exp(state.m - ref)
+        p = np.subtract(s, ref[..., None])
     np.exp(p, out=p)
     l = state.l * alpha + p.sum(axis=-1)
     o = None
@@ -112,7 +113,8 @@ def block_state(
 ) -> State:
     """A block's own statistics: m^(k) = max(s), l^(k) = Σ exp(s - m^(k)), O^(k) likewise with v."""
     m = s.max(axis=-1)
-    p = np.exp(s - _ref(m)[..., None])
+    with np.errstate(over="ignore"):
+        p = np.exp(s - _ref(m)[..., None])
     o = None if v is None else _pv(p, v, p_round)
     return State(m, p.sum(axis=-1), o)
 
@@ -124,7 +126,8 @@ def combine(a: State, b: State) -> tuple[State, np.ndarray, np.ndarray]:
     """
     m = np.maximum(a.m, b.m)
     ref = _ref(m)
-    wa, wb = np.exp(a.m - ref), np.exp(b.m - ref)
+    with np.errstate(over="ignore"):
+        wa, wb = np.exp(a.m - ref), np.exp(b.m - ref)
     l = a.l * wa + b.l * wb
     o = None
     if a.o is not None and b.o is not None:
@@ -160,7 +163,8 @@ def finalize(state: State) -> tuple[np.ndarray, np.ndarray | None]:
 def probabilities(scores: np.ndarray, state: State) -> np.ndarray:
     """exp(s - m) / l for every score, from the final (m, l); 0 on rows that are fully masked."""
     empty = state.l == 0
-    p = np.exp(scores - _ref(state.m)[..., None])
+    with np.errstate(over="ignore"):
+        p = np.exp(scores - _ref(state.m)[..., None])
     return np.where(empty[..., None], 0.0, p / np.where(empty, 1, state.l)[..., None])
 
 
@@ -190,6 +194,15 @@ class Step:
     def rescaled(self) -> bool:
         """True where the running max moved and the old state was actually scaled down."""
         return self.m != self.m_prev and np.isfinite(self.m_prev)
+
+    @property
+    def skipped(self) -> bool:
+        """True where the block max passed m but m was kept (a lazy rescale skipped, NUMERICS §8).
+
+        An eager step would have moved m and rescaled here; with threshold τ the block max
+        stayed within m + τ, so exp(s − m) ≤ e^τ and the old state was left as is.
+        """
+        return bool(np.isfinite(self.m_prev) and self.block_max > self.m_prev == self.m)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,43 @@
-"""Number formats: the dtypes osm knows, their limits, and where exp breaks in each.
+"""Number formats: the dtypes osm knows, their limits, a real kernel's rounding, and a verdict.
 
 float16 and float64 come from numpy; bfloat16 and the float8 formats from ml_dtypes. Every
 threshold is computed from finfo at run time (NUMERICS §6 is the check, not the source).
-Leaves out: the algorithm itself (online.py) and printing (render.py).
+
+The precision models (NUMERICS §5) run the same tiled attention as attention.py with rounding
+put where a kernel rounds:
+- "flash": Q, K, V rounded to the dtype; S, m, l, α and O in float32 (or float64 accumulation);
+  P = exp(S − m) in float32, l summed from it unrounded, P rounded to the dtype before P·V; the
+  final O / l rounded to the dtype; LSE kept in float32.
+- "naive": plain attention in the dtype, each op's result rounded to it as PyTorch does for
+  16-bit tensors (float32 inside the matmul and the softmax): Q·scale, S, softmax(S), P·V.
+The verdict is FlashAttention's own test rule (NUMERICS §5). Rounding is round-to-nearest-even
+by numpy/ml_dtypes `astype`; values are carried in float32 (float64 for float64) holding exactly
+the dtype's numbers, because numpy's matmul has no 16- or 8-bit path.
+Leaves out: the algorithm itself (online.py, attention.py) and printing (render.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
 
+from .attention import (
+    MASKED_LSE,
+    Attention,
+    as_bhnd,
+    attention,
+    check_inputs,
+    default_blocks,
+    from_bhnd,
+    make_band,
+    reference,
+)
 from .errors import OsmError
-from .online import online_softmax
-from .reference import naive_softmax, stable_softmax
+from .online import Trace, online_softmax
+from .reference import logsumexp, naive_softmax, stable_softmax
 
 DTYPES = {
     "float64": np.dtype(np.float64),
@@ -85,6 +107,7 @@ class DemoRow:
     naive: np.ndarray
     stable: np.ndarray
     online: np.ndarray
+    held: np.ndarray | None = None  # the values as the dtype holds them (float64)
 
 
 @dataclass(frozen=True)
@@ -103,17 +126,22 @@ def overflow_demo(values=(100.0, 102.0, 99.0), dtypes=DEMO_DTYPES) -> Demo:
     for name in dtypes:
         dt = DTYPES[name]
         lim = limits(dt)
-        x = xs.astype(dt)
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = xs.astype(dt)
             e = np.exp(x)
+        block = max(1, (len(xs) + 1) // 2)
+        if has_inf(dt):
+            online = online_softmax(x, block=block).probabilities
+        else:
+            # float8_e4m3fn cannot hold m = -inf: its kernels keep m and l in float32.
+            held = np.where(np.isneginf(xs), -np.inf, round_to(xs, dt, np.float32))
+            online = round_to(online_softmax(held, block=block).probabilities, dt)
         rows.append(
             DemoRow(
                 name, lim.max_finite, lim.overflow_at, lim.underflow_at,
                 e.astype(np.float64), naive_softmax(x).astype(np.float64),
-                stable_softmax(x).astype(np.float64),
-                online_softmax(x, block=max(1, (len(xs) + 1) // 2)).probabilities.astype(
-                    np.float64
-                ),
+                stable_softmax(x).astype(np.float64), online.astype(np.float64),
+                x.astype(np.float64),
             )
         )
     broken = [r for r in rows if not np.isfinite(r.naive).all()]
@@ -121,7 +149,9 @@ def overflow_demo(values=(100.0, 102.0, 99.0), dtypes=DEMO_DTYPES) -> Demo:
     top = float(xs.max())
     note = []
     if broken:
-        where = ", ".join(f"{r.dtype} above {r.overflow_at:.2f}" for r in broken)
+        where = ", ".join(
+            f"{r.dtype} above {r.overflow_at:.2f}"
+            + ("" if has_inf(DTYPES[r.dtype]) else " (to nan: it has no inf)") for r in broken)
         note.append(
             f"Naive softmax computes exp(x) first, and exp overflows to inf for x in {where}: "
             f"exp({top:g}) does not fit, so the sum is inf and inf / inf = nan."
@@ -146,3 +176,693 @@ def overflow_demo(values=(100.0, 102.0, 99.0), dtypes=DEMO_DTYPES) -> Demo:
         "(seed 000 §1.1 warns of this case). Its LSE is -inf by default."
     )
     return Demo(xs, tuple(rows), " ".join(note), masked, masked_note)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounding to a dtype
+
+PRECISIONS = ("flash", "naive")
+ACCUMS = ("float32", "float64")
+
+
+def bits(dtype) -> int:
+    """Storage bits of a dtype. Example: bits(DTYPES["bfloat16"]) -> 16."""
+    return int(finfo(dtype).bits)
+
+
+def carrier(dtype) -> np.dtype:
+    """The numpy dtype that carries a dtype's values exactly: float64 for float64, else float32."""
+    return np.dtype(np.float64) if bits(dtype) > 32 else np.dtype(np.float32)
+
+
+def has_inf(dtype) -> bool:
+    """False for float8_e4m3fn, whose overflow (and -inf) becomes nan."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isinf(np.array(np.inf).astype(dtype).astype(np.float64)))
+
+
+def round_to(x, dtype, like=None) -> np.ndarray:
+    """x rounded to `dtype` (round to nearest even, numpy/ml_dtypes astype), carried in `like`.
+
+    `like` defaults to carrier(dtype). Overflow gives ±inf (nan in float8_e4m3fn); magnitudes
+    below half the smallest subnormal give 0. A float64 input goes to bfloat16 and float8 through
+    float32, as ml_dtypes (and PyTorch) convert.
+
+    Example: round_to(np.array([1 / 3]), DTYPES["bfloat16"]) -> [0.333984375]
+    """
+    dt = np.dtype(dtype)
+    like = carrier(dt) if like is None else np.dtype(like)
+    x = np.asarray(x)
+    if x.dtype == dt == like:
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(dt).astype(like)
+
+
+def ulp(x, dtype) -> np.ndarray:
+    """The spacing of `dtype` at |x|: 2^(e − mantissa bits), subnormal spacing below the normals.
+
+    Example: ulp(1.0, DTYPES["float16"]) -> 2^-10; ulp(300.0, DTYPES["bfloat16"]) -> 2.0
+    """
+    fi = finfo(dtype)
+    a = np.maximum(np.abs(np.asarray(x, dtype=np.float64)), float(fi.smallest_normal))
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.floor(np.log2(np.where(np.isfinite(a), a, float(fi.max))))
+    return np.ldexp(1.0, (e - int(fi.nmant)).astype(int))
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """What rounding one array to a dtype did: how many values moved, overflowed, underflowed."""
+
+    name: str
+    size: int
+    changed: int
+    overflowed: int  # finite values that became ±inf (nan in a dtype without inf)
+    underflowed: int  # non-zero values that became 0
+    max_abs_change: float  # over the values that stayed finite
+
+
+def rounding(name: str, x: np.ndarray, r: np.ndarray) -> Rounding:
+    """Compare x with its rounded copy r. -inf in x (a mask) counts as unchanged."""
+    x64, r64 = np.asarray(x, dtype=np.float64), np.asarray(r, dtype=np.float64)
+    finite = np.isfinite(x64)
+    over = finite & ~np.isfinite(r64)
+    under = finite & (x64 != 0) & (r64 == 0)
+    moved = finite & np.isfinite(r64) & (x64 != r64)
+    with np.errstate(invalid="ignore"):
+        change = np.abs(np.where(moved, r64 - x64, 0.0))
+    return Rounding(name, int(x64.size), int(np.count_nonzero(moved | over)),
+                    int(np.count_nonzero(over)), int(np.count_nonzero(under)),
+                    float(change.max(initial=0.0)))
+
+
+def round_inputs(arrays: dict, dtype) -> tuple[tuple, tuple[Rounding, ...]]:
+    """Attention inputs rounded to dtype, carried in float32 (float64 for float64).
+
+    Raises OsmError for non-finite inputs and for values the dtype cannot hold (overflow).
+    Example: (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, DTYPES["bfloat16"])
+    """
+    name_of = dtype_name(dtype)
+    lim = float(finfo(dtype).max)
+    rounded, notes = [], []
+    for name, x in arrays.items():
+        x = np.asarray(x)
+        r = round_to(x, dtype)
+        bad = ~np.isfinite(np.asarray(x, dtype=np.float64))
+        if bad.any():
+            at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad)[0]), x.shape))
+            raise OsmError(f"{name} holds {np.asarray(x, dtype=np.float64)[at]} at index {at}; "
+                           "attention inputs must be finite")
+        note = rounding(name, x, r)
+        if note.overflowed:
+            over = np.abs(np.asarray(x, dtype=np.float64)) > lim
+            at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(over)[0]), x.shape))
+            raise OsmError(
+                f"{name}: {note.overflowed} value(s) overflow {name_of} (largest finite "
+                f"{lim:g}), the first {float(np.asarray(x)[at]):g} at index {at}; scale the "
+                "inputs or pick a wider --dtype"
+            )
+        rounded.append(r)
+        notes.append(note)
+    return tuple(rounded), tuple(notes)
+
+
+def dtype_name(dtype) -> str:
+    """The canonical name of a dtype osm knows (else numpy's name)."""
+    dt = np.dtype(dtype)
+    return next((n for n, d in DTYPES.items() if d == dt), dt.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The precision models of attention
+
+
+@dataclass(frozen=True)
+class Model:
+    """Which dtype, which precision model, which accumulation (the state's dtype)."""
+
+    name: str
+    dtype: np.dtype
+    precision: str
+    accum: np.dtype
+
+    @property
+    def p_round(self):
+        """P rounded to the dtype before P·V, or None where the dtype is as wide as the state."""
+        return None if bits(self.dtype) >= bits(self.accum) else self.round_p
+
+    def round_p(self, p: np.ndarray) -> np.ndarray:
+        # Kernels convert the float32 P tile to the input dtype for the tensor-core P·V.
+        return p.astype(self.dtype).astype(p.dtype)
+
+    def describe(self) -> str:
+        if self.precision == "naive":
+            return (f"naive: plain attention in {self.name}, each op rounded to {self.name} "
+                    "(Q·scale, S, softmax, P·V)")
+        if self.p_round is None:
+            return f"flash: inputs in {self.name}, state and arithmetic in {self.accum.name}"
+        return (f"flash: Q, K, V in {self.name}; S, m, l, α, O in {self.accum.name}; "
+                f"P rounded to {self.name} before P·V; O / l rounded to {self.name}; "
+                f"LSE in {self.accum.name}")
+
+
+def model(dtype: str = "float32", precision: str | None = None, accum: str | None = None) -> Model:
+    """A Model from names. precision defaults to flash; accum to float32 (float64 for float64).
+
+    Example: model("bf16").describe()
+    """
+    name, dt = resolve_dtype(dtype)
+    precision = precision or "flash"
+    if precision not in PRECISIONS:
+        raise OsmError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if accum is None:
+        acc = np.dtype(np.float64) if bits(dt) > 32 else np.dtype(np.float32)
+    else:
+        acc_name, acc = resolve_dtype(accum)
+        if acc_name not in ACCUMS:
+            raise OsmError(f"accumulation must be float32 or float64, not {accum!r}")
+    return Model(name, dt, precision, acc)
+
+
+SMS = 132  # streaming multiprocessors of an H100 / H200 SXM (an A100 has 108)
+SCHEDULES = ("fa2", "tiles")
+
+
+def _num_splits(work: int, slots: int, n_blocks: int, most: int = 128) -> int:
+    """FlashAttention-2's split-KV heuristic (flash_api.cpp num_splits_heuristic)."""
+    if work >= 0.8 * slots:
+        return 1
+    most = min(most, slots, n_blocks)
+
+    def eligible(n: int) -> bool:  # n splits that do not just repeat n - 1's blocks per split
+        return n == 1 or -(-n_blocks // n) != -(-n_blocks // (n - 1))
+
+    eff = {}
+    for n in range(1, most + 1):
+        if eligible(n):
+            waves = work * n / slots
+            eff[n] = waves / math.ceil(waves)
+    best = max(eff.values(), default=0.0)
+    return next((n for n, e in eff.items() if e >= 0.85 * best), 1)
+
+
+def fa2_plan(b: int, h: int, t: int, s: int, d: int, sms: int = SMS) -> tuple[int, int, int]:
+    """(block_q, block_k, splits) of FlashAttention-2's forward for these sizes.
+
+    Few (batch · head · 64-row) blocks for the GPU's 2·sms slots: the split-KV kernel, with
+    64-row tiles, block_k 256 (d ≤ 64), 128 (d ≤ 128) or 64, and `splits` key ranges merged in
+    float32. Otherwise the standard kernel: 128-row tiles, block_k 128 (d ≤ 64) else 64.
+    Example: fa2_plan(1, 8, 1024, 1024, 64) -> (64, 256, 2)
+    """
+    block_n = 256 if d <= 64 else 128 if d <= 128 else 64
+    splits = _num_splits(b * h * -(-t // 64), 2 * sms, -(-s // block_n))
+    if splits <= 1:
+        return (*default_blocks(d), 1)
+    return 64, block_n, splits
+
+
+def run_flash(m: Model, q, k, v, *, schedule: str = "tiles", sms: int = SMS,
+              **kwargs) -> Attention:
+    """The flash model: attention.attention on dtype-valued inputs with P rounded, O / l rounded.
+
+    q, k, v should already hold the dtype's values (round_inputs); kwargs are attention's.
+    schedule "tiles" runs attention's own tiles (block_q, block_k, order as given); "fa2" follows
+    FlashAttention-2's kernel: its tile sizes, K/V tiles visited last to first, and the split-KV
+    kernel (key ranges run separately, O / l and LSE merged in float32) where its heuristic picks
+    it for a GPU of `sms` multiprocessors. Where P is rounded relative to a running max, the
+    schedule decides which max, so "fa2" matches that kernel element by element more often.
+    """
+    if schedule not in SCHEDULES:
+        raise OsmError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
+    if schedule == "tiles":
+        return finish(m, attention(q, k, v, accum=m.accum, p_round=m.p_round, **kwargs))
+    layout = kwargs.get("layout", "bhnd")
+    b, h, t, d = as_bhnd(np.asarray(q), layout, "Q").shape
+    s = as_bhnd(np.asarray(k), layout, "K").shape[2]
+    bq, bk, splits = fa2_plan(b, h, t, s, d, sms)
+    n_blocks = -(-s // bk)
+    per = -(-n_blocks // splits)
+    parts = []
+    for first in range(0, n_blocks, per):
+        k0, k1 = first * bk, min(s, (first + per) * bk)
+        tiles = -(-(k1 - k0) // bk)
+        parts.append(attention(q, k, v, accum=m.accum, p_round=m.p_round, block_q=bq,
+                               block_k=bk, keys=(k0, k1), order=np.arange(tiles)[::-1],
+                               **{**kwargs, "masked_lse": "neg-inf"}))
+    res = parts[0] if len(parts) == 1 else _merge_parts(parts, m.accum)
+    masked = kwargs.get("masked_lse", "neg-inf")
+    if masked != "neg-inf":
+        res = replace(res, lse=np.where(np.isneginf(res.lse), MASKED_LSE[masked], res.lse)
+                      .astype(res.lse.dtype))
+    return finish(m, res)
+
+
+def _merge_parts(parts: list, accum: np.dtype) -> Attention:
+    """FA2's split-KV combine: LSE = logsumexp over splits, O = Σ exp(LSE_s − LSE)·O_s."""
+    lses = np.stack([p.lse for p in parts]).astype(accum)
+    top = lses.max(axis=0)
+    ref = np.where(np.isneginf(top), 0, top).astype(accum)
+    w = np.exp(lses - ref)
+    total = w.sum(axis=0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, ref + np.log(total), -np.inf).astype(accum)
+    scale = np.where(total > 0, w / np.where(total > 0, total, 1), 0).astype(accum)
+    out = sum(sc[..., None] * p.out for sc, p in zip(scale, parts, strict=True))
+    head = parts[0]
+    return replace(head, out=out.astype(accum), lse=lse, tiles_computed=sum(
+        p.tiles_computed for p in parts), tiles_skipped=sum(p.tiles_skipped for p in parts),
+        rescales=sum(p.rescales for p in parts), masked_rows=int(np.isneginf(lse).sum()),
+        trace=(), trace_out=None)
+
+
+def finish(m: Model, res: Attention) -> Attention:
+    """The final O / l rounded to the dtype (LSE stays in the state's dtype)."""
+    if bits(m.dtype) >= bits(res.out.dtype):
+        return res
+    trace_out = None if res.trace_out is None else round_to(res.trace_out, m.dtype,
+                                                            res.trace_out.dtype)
+    return replace(res, out=round_to(res.out, m.dtype, res.out.dtype), trace_out=trace_out)
+
+
+def plain(q, k, v, dtype, *, causal=False, scale=None, layout="bhnd",
+          causal_align="bottom-right", window=None, mask=None,
+          masked_lse="neg-inf") -> tuple[np.ndarray, np.ndarray]:
+    """Plain attention in `dtype`, FlashAttention's test `pt` (upcast=False): (out, lse).
+
+    Each op's result is rounded to the dtype, with float32 inside the op, as PyTorch computes
+    16-bit tensors: Q·scale, S = (Q·scale)·Kᵀ, a float mask added, softmax(S), P·V. LSE is the
+    logsumexp of the rounded S, in float32. Rows are done in chunks; no t × s matrix is held
+    whole. Outputs are shaped like attention's and carried in float32 (float64 for float64).
+    """
+    dt = np.dtype(dtype)
+    c = carrier(dt)
+
+    def rnd(x):
+        return round_to(x, dt, c)
+
+    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
+    check_inputs(q4, k4, v4)
+    b, hq, t, d = q4.shape
+    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    heads = np.arange(hq) // (hq // hk)  # GQA: query head h reads kv head h // (Hq / Hkv)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    band = make_band(t, s, causal, causal_align, window)
+    full_mask = None
+    if mask is not None:
+        full_mask = np.asarray(mask)
+        full_mask = np.broadcast_to(full_mask if full_mask.dtype.kind == "b" else rnd(full_mask),
+                                    (b, hq, t, s))
+    kT = rnd(k4).swapaxes(-1, -2)[:, heads]
+    v4 = rnd(v4)[:, heads]
+    out = np.zeros((b, hq, t, dv), dtype=c)
+    lse = np.zeros((b, hq, t), dtype=c)
+    chunk = max(1, (1 << 22) // max(1, b * hq * s))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for i0 in range(0, t, chunk):
+            i1 = min(t, i0 + chunk)
+            sc = rnd(rnd(q4[..., i0:i1, :]) * c.type(scale)) @ kT
+            sc = rnd(sc)
+            if band is not None:
+                sc = np.where(band.visible(i0, i1, 0, s), sc, c.type(-np.inf))
+            if full_mask is not None:
+                mk = full_mask[..., i0:i1, :]
+                sc = np.where(mk, sc, c.type(-np.inf)) if mk.dtype.kind == "b" else rnd(sc + mk)
+            out[..., i0:i1, :] = rnd(rnd(stable_softmax(sc)) @ v4)
+            lse[..., i0:i1] = logsumexp(sc)
+    lse[np.isneginf(lse)] = MASKED_LSE[masked_lse]
+    nd = np.ndim(q)
+    return from_bhnd(out, nd, layout), from_bhnd(lse[..., None], nd, layout)[..., 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict: FlashAttention's test rule (NUMERICS §5)
+
+
+F64_TOLERANCE = 1e-12  # float64 runs: max|out − ref| ≤ this · max(1, max|ref|)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """err ≤ 2·pt_err + 2·rounding, FlashAttention's rule for one quantity (O or LSE)."""
+
+    err: float  # max |out − ref|
+    pt_err: float  # max |pt − ref|, plain same-dtype attention
+    rounding: float  # max |(ref + 0.3 − 0.3) − ref|, the 0.3 arithmetic in the dtype
+    bound: float
+    passed: bool
+    note: str = ""
+
+
+def _max_abs(d: np.ndarray) -> float:
+    # NaN propagates (a NaN anywhere fails the rule); empty arrays have no error.
+    return float(np.max(np.abs(d))) if d.size else 0.0
+
+
+def _rule(err: float, pt_err: float, rounding_err: float) -> Rule:
+    if not math.isfinite(pt_err):
+        return Rule(err, pt_err, rounding_err, math.inf, math.isfinite(err),
+                    "plain same-dtype attention overflowed, so the rule bounds nothing")
+    bound = 2 * pt_err + 2 * rounding_err
+    return Rule(err, pt_err, rounding_err, bound, bool(err <= bound))
+
+
+def fa_rule(out, ref, pt, dtype) -> Rule:
+    """FlashAttention's test: ref = the upcast reference cast back to the dtype, pt = plain.
+
+    Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3) − ref|, the last done in
+    the dtype. osm's upcast reference is float64 (FlashAttention's tests use float32); cast to a
+    16- or 8-bit dtype the two agree except at rounding ties.
+
+    Example: fa_rule(out, ref64, pt, DTYPES["float16"]).passed
+    """
+    dt = np.dtype(dtype)
+    ref_d = round_to(ref, dt, np.float64)
+    err = _max_abs(np.asarray(out, dtype=np.float64) - ref_d)
+    pt_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
+    r = ref_d.astype(dt)
+    third = np.array(0.3).astype(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        moved = ((r + third) - third).astype(np.float64)
+    rounding_err = _max_abs(moved - ref_d)
+    if bits(dt) > 32:
+        # In float64 plain attention is the reference itself (pt_err = 0): no narrower baseline.
+        bound = F64_TOLERANCE * max(1.0, _max_abs(ref_d))
+        return Rule(err, pt_err, rounding_err, bound, bool(err <= bound),
+                    f"float64: the reference's own precision; bound {F64_TOLERANCE:g}·max|ref|")
+    return _rule(err, pt_err, rounding_err)
+
+
+def lse_errors(lse, ref_lse) -> np.ndarray:
+    """|lse − ref| per row; on fully masked rows (ref −inf) any convention (−inf, +inf, 0) is 0."""
+    x = np.asarray(lse, dtype=np.float64)
+    ref = np.asarray(ref_lse, dtype=np.float64)
+    masked = np.isneginf(ref)
+    ok_masked = np.isinf(x) | (x == 0)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(x - np.where(masked, 0.0, ref))
+    return np.where(masked, np.where(ok_masked, 0.0, np.inf), np.where(np.isnan(x), np.nan, d))
+
+
+def lse_rule(lse, ref_lse, pt_lse) -> Rule:
+    """The same rule for the LSE (osm's extension): pt's LSE is the logsumexp of the dtype-rounded
+    scores, and the 0.3 arithmetic is done in float32, the LSE's own dtype."""
+    ref = np.asarray(ref_lse, dtype=np.float64)
+    finite = ref[np.isfinite(ref)].astype(np.float32)
+    third = np.float32(0.3)
+    moved = ((finite + third) - third).astype(np.float64)
+    return _rule(_max_abs(lse_errors(lse, ref)), _max_abs(lse_errors(pt_lse, ref)),
+                 _max_abs(moved - finite))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run (or an external kernel) judged against the float64 reference and the FA rule."""
+
+    dtype: str
+    err: float  # max |out − ref64|
+    plain_err: float  # max |pt − ref64|
+    lse_err: float | None  # max |lse − ref64 LSE|
+    plain_lse_err: float
+    rule: Rule
+    lse: Rule | None
+
+    @property
+    def passed(self) -> bool:
+        return self.rule.passed and (self.lse is None or self.lse.passed)
+
+
+def judge(out, ref, pt, dtype, *, lse=None, ref_lse=None, pt_lse=None) -> Verdict:
+    """Errors against the float64 reference (ref, ref_lse) and the FA rule with plain `pt`."""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    err = _max_abs(np.asarray(out, dtype=np.float64) - ref64)
+    plain_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref64)
+    lrule = None if lse is None else lse_rule(lse, ref_lse, pt_lse)
+    return Verdict(
+        dtype_name(dtype), err, plain_err, None if lrule is None else lrule.err,
+        _max_abs(lse_errors(pt_lse, ref_lse)) if pt_lse is not None else math.nan,
+        fa_rule(out, ref64, pt, dtype), lrule,
+    )
+
+
+def verdict_json(v: Verdict) -> dict:
+    """The verdict as plain values for --json."""
+    def rule(r: Rule | None):
+        return None if r is None else {
+            "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
+            "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
+
+    return {
+        "dtype": v.dtype, "max_err_vs_fp64": v.err, "plain_max_err_vs_fp64": v.plain_err,
+        "max_lse_err_vs_fp64": v.lse_err, "plain_max_lse_err_vs_fp64": v.plain_lse_err,
+        "rule": "max|out - ref| <= 2*max|pt - ref| + 2*max|(ref + 0.3 - 0.3) - ref|",
+        "out": rule(v.rule), "lse": rule(v.lse), "passed": v.passed,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# A score vector traced in a dtype (osm trace --dtype)
+
+
+@dataclass(frozen=True)
+class LowTrace:
+    """online softmax of dtype-rounded scores, beside a float64 run on the unrounded scores.
+
+    precision flash holds m, α, l in float32 (as kernels do) and rounds the final p to the dtype;
+    naive holds every value (m, α, l, p) in the dtype itself. All arrays are float64 holding the
+    dtype's values; rows are the rows of the input (a vector is one row).
+    """
+
+    model: Model
+    scores: np.ndarray  # as the dtype holds them; -inf (a mask) stays -inf
+    rounding: Rounding
+    trace: Trace
+    probabilities: np.ndarray  # p as the dtype holds it
+    naive: np.ndarray  # naive softmax computed in the dtype
+    exact: np.ndarray  # float64 stabilized softmax of the unrounded scores
+    max_diff: np.ndarray  # per row max |p − exact|
+    ulps: np.ndarray  # per element |p − exact| in ulps of the dtype at exact
+    p_underflowed: int  # p = 0 in the dtype where the float64 p > 0
+    alpha_underflowed: tuple[int, ...] = ()  # blocks whose α rounded to 0 from a finite m
+
+
+def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int = 0) -> LowTrace:
+    """Round the scores to m's dtype and run online softmax the way m's precision holds values.
+
+    Example: trace_in(np.array([2., 4., 1., 3.]), model("bf16", "naive")).trace.steps[0].l
+    -> 1.1328125 (e^-2 + 1 in bfloat16)
+    """
+    run = online_softmax
+
+    s64 = np.asarray(scores, dtype=np.float64)
+    held = np.where(np.isneginf(s64), -np.inf, round_to(s64, m.dtype, np.float64))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        if m.precision == "naive":
+            if not has_inf(m.dtype):
+                raise OsmError(f"{m.name} has no -inf, so a running max cannot start at "
+                               "m = -inf in it; use --precision flash (m, l in float32)")
+            tr = run(held.astype(m.dtype), block, form, row=row)
+            p = np.asarray(tr.probabilities).astype(m.dtype).astype(np.float64)
+        else:
+            tr = run(held.astype(m.accum), block, form, row=row)
+            p = round_to(tr.probabilities, m.dtype, np.float64)
+        naive = naive_softmax(held.astype(m.dtype)).astype(np.float64)
+    exact = stable_softmax(s64)
+    diff = np.abs(p - exact)
+    with np.errstate(invalid="ignore"):
+        ulps = diff / ulp(exact, m.dtype)
+    max_diff = np.atleast_2d(diff).max(axis=-1)
+    gone = tuple(st.block for st in tr.steps
+                 if st.scale == 0 and math.isfinite(st.m_prev) and math.isfinite(st.m))
+    return LowTrace(m, held, rounding("scores", s64, held), tr, p, naive, exact, max_diff, ulps,
+                    int(np.count_nonzero((p == 0) & (exact > 0))), gone)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a model and judging it (osm attention --dtype), and judging a kernel (osm check)
+
+
+def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
+              **kwargs) -> Attention:
+    """precision naive as an Attention record: plain attention in the dtype, one shot (no tiles)."""
+    mask_kw = {key: kwargs[key] for key in ("causal", "scale", "layout", "causal_align", "window",
+                                            "mask") if key in kwargs}
+    out, lse = plain(q, k, v, m.dtype, masked_lse="neg-inf", **mask_kw)
+    layout = mask_kw.get("layout", "bhnd")
+    d = np.shape(q)[-1]
+    scale = mask_kw.get("scale")
+    scale = (1.0 / math.sqrt(d) if d else 1.0) if scale is None else scale
+    empty = np.isneginf(lse)
+    lse = np.where(empty, MASKED_LSE[masked_lse], lse).astype(lse.dtype)
+    trace_out = None
+    if trace_at is not None:
+        b, h, i = trace_at
+        trace_out = as_bhnd(out, layout, "output")[b, h, i].copy()
+    return Attention(
+        out, lse, float(scale), tuple(np.shape(q)), tuple(np.shape(k)), tuple(np.shape(v)), 0, 0,
+        bool(mask_kw.get("causal", False)), mask_kw.get("causal_align", "bottom-right"),
+        mask_kw.get("window"), masked_lse, 0, 0, 0, int(np.count_nonzero(empty)), (),
+        trace_at or (0, 0, 0), trace_out, {"tiles_total": 0, "one_shot": True},
+    )
+
+
+def judge_run(m: Model, res: Attention, ref, ref_lse, q, k, v, **mask_kw) -> Verdict:
+    """A model's run judged: errors vs float64 and the FA rule with plain attention as pt."""
+    if m.precision == "naive":
+        pt, pt_lse = res.out, res.lse
+    else:
+        pt, pt_lse = plain(q, k, v, m.dtype, **mask_kw)
+    return judge(res.out, ref, pt, m.dtype, lse=res.lse, ref_lse=ref_lse, pt_lse=pt_lse)
+
+
+def storable(m: Model, out: np.ndarray) -> np.ndarray:
+    """O for --out: in the dtype where numpy has it (float16/32/64), else float32 holding it."""
+    return out.astype(m.dtype) if m.dtype.kind == "f" else out
+
+
+def precision_json(m: Model, notes, verdict: Verdict | None) -> dict:
+    return {
+        "dtype": m.name, "precision": m.precision, "accum": m.accum.name,
+        "model": m.describe(),
+        "inputs": [vars(r) for r in notes],
+        "verdict": None if verdict is None else verdict_json(verdict),
+    }
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One query row of a judged output: its largest error, in ulps, and its LSE error."""
+
+    batch: int
+    head: int
+    query: int
+    err: float  # max_j |out − ref| against the dtype-rounded reference
+    ulps: float  # err in ulps of the dtype at the row's largest |ref|
+    lse_err: float | None
+
+
+@dataclass(frozen=True)
+class HeadError:
+    batch: int
+    head: int
+    err: float
+    rows_over: int  # rows of this head whose error exceeds the rule's bound
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    shape: tuple
+    notes: tuple[Rounding, ...]
+    verdict: Verdict
+    model_err: float | None  # osm's flash model on the same inputs: what a faithful kernel errs
+    rows: tuple[RowError, ...]
+    heads: tuple[HeadError, ...]
+    rows_over: int
+    total_rows: int
+    hint: str = ""
+
+
+def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarray:
+    """An LSE shaped like osm's (ref_lse), or (B, H, t) as FlashAttention returns it for bnhd."""
+    lse = np.asarray(lse)
+    if lse.shape == ref_lse.shape:
+        return lse
+    if layout == "bnhd" and lse.ndim >= 2 and lse.shape == ref_lse.swapaxes(-1, -2).shape:
+        return lse.swapaxes(-1, -2)
+    raise OsmError(f"LSE has shape {tuple(lse.shape)}; attention of these Q, K, V gives "
+                   f"{tuple(ref_lse.shape)}")
+
+
+def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = True,
+          **mask_kw) -> CheckReport:
+    """Judge an external kernel's output (and LSE) for inputs q, k, v in `dtype`.
+
+    mask_kw are attention's causal, scale, layout, causal_align, window and mask.
+    Example: check(o, q, k, v, DTYPES["float16"], lse=lse, causal=True).verdict.passed
+    """
+    dt = np.dtype(dtype)
+    (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, dt)
+    out = np.asarray(out)
+    kind = out.dtype.kind
+    if kind not in "f" and out.dtype not in (DTYPES["bfloat16"], DTYPES["float8_e4m3fn"],
+                                             DTYPES["float8_e5m2"]):
+        raise OsmError(f"OUT has dtype {out.dtype}; a kernel's output is floating point")
+    ref, ref_lse = reference(q, k, v, **mask_kw)
+    if out.shape != ref.shape:
+        raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
+                       f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
+    layout = mask_kw.get("layout", "bhnd")
+    if lse is not None:
+        lse = _lse_as_bhnd(lse, ref_lse, layout)
+    pt, pt_lse = plain(q, k, v, dt, **mask_kw)
+    verdict = judge(out, ref, pt, dt, lse=lse, ref_lse=ref_lse, pt_lse=pt_lse)
+    model_err = None
+    if with_model:
+        m = model(dtype_name(dt))
+        model_err = _max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
+                                       **mask_kw).out - ref)
+    # Per row, against the dtype-rounded reference (the rule's own `ref`), in (B, H, t).
+    ref_d = as_bhnd(round_to(ref, dt, np.float64), layout, "ref")
+    diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_d)
+    row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
+    row_ulps = row_err / ulp(np.abs(ref_d).max(axis=-1, initial=0.0), dt)
+    lse_err = None
+    if lse is not None:
+        lse_err = as_bhnd(lse_errors(lse, ref_lse)[..., None], layout, "LSE")[..., 0]
+    over = ~(row_err <= verdict.rule.bound)  # NaN counts as over
+    rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
+    order = np.argsort(-rank, kind="stable")[:top]
+    rows = []
+    for flat in order:
+        b, h, i = (int(x) for x in np.unravel_index(int(flat), row_err.shape))
+        rows.append(RowError(b, h, i, float(row_err[b, h, i]), float(row_ulps[b, h, i]),
+                             None if lse_err is None else float(lse_err[b, h, i])))
+    head_err = np.where(np.isnan(row_err), np.inf, row_err).max(axis=-1, initial=0.0)
+    head_over = over.sum(axis=-1)
+    heads = []
+    for flat in np.argsort(-head_err.ravel(), kind="stable")[:top]:
+        b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
+        heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
+    hint = ""
+    if not verdict.passed and bits(dt) == 32:
+        for narrow in ("bfloat16", "float16"):
+            if np.array_equal(round_to(out, DTYPES[narrow], np.float64),
+                              np.asarray(out, dtype=np.float64), equal_nan=True):
+                hint = (f"every value of OUT fits {narrow}: was it a {narrow} kernel? "
+                        f"Judge it with --dtype {narrow}")
+                break
+    return CheckReport(tuple(out.shape), notes, verdict, model_err, tuple(rows), tuple(heads),
+                       int(np.count_nonzero(over)), int(row_err.size), hint)
+
+
+def check_json(rep: CheckReport) -> dict:
+    return {
+        "shape": list(rep.shape), "inputs": [vars(r) for r in rep.notes],
+        "verdict": verdict_json(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
+        "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
+        "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
+        "hint": rep.hint or None,
+    }
+
+
+def output_dtype(out: np.ndarray, name: str) -> np.dtype:
+    """The dtype a kernel's output is judged in when --dtype is not given: its own."""
+    if out.dtype in DTYPES.values():
+        return out.dtype
+    raise OsmError(f"{name}: has dtype {out.dtype}; give --dtype (one of {', '.join(DTYPES)})")
+
+
+def fail_line(rep: CheckReport) -> str:
+    """The one line `osm check` prints on stderr when a kernel fails."""
+    v, parts = rep.verdict, []
+    if not v.rule.passed:
+        r = v.rule
+        parts.append(f"max|out − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
+                     f"{r.bound:.3g} ({v.dtype}); {rep.rows_over} of {rep.total_rows} rows "
+                     "over the bound")
+    if v.lse is not None and not v.lse.passed:
+        r = v.lse
+        parts.append(f"max|lse − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
+                     f"{r.bound:.3g}")
+    return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")

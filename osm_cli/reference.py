@@ -20,7 +20,7 @@ def stable_softmax(scores: np.ndarray, *, guard: bool = True) -> np.ndarray:
     """
     s = np.asarray(scores)
     m = s.max(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if guard:
             m = np.where(np.isneginf(m), np.zeros((), s.dtype), m)
         e = np.exp(s - m)
@@ -43,7 +43,7 @@ def logsumexp(scores: np.ndarray) -> np.ndarray:
     s = np.asarray(scores)
     m = s.max(axis=-1)
     ref = np.where(np.isneginf(m), 0.0, m)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         return ref + np.log(np.exp(s - ref[..., None]).sum(axis=-1))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from rich import box
@@ -123,6 +124,8 @@ def _step_table(trace, show_all: bool, d: int) -> Group:
         alpha = num(s.scale, d)
         if s.rescaled:
             alpha.stylize("bold yellow")
+        if s.skipped:  # lazy rescale: the block max passed m, m was kept
+            alpha.append(" skip", style="magenta")
         cells += [arrow(s.m_prev, s.m, d), alpha]
         if merge:
             cells += [num(s.block_weight, d)]
@@ -148,8 +151,18 @@ def final_line(m: float, l: float, lse: float) -> Text:
     )
 
 
-def element_table(scores, online, stable, naive, show_all: bool = False) -> Table:
-    """Per-element probabilities: online, one-shot stabilized, naive, and their difference."""
+def element_table(scores, online, stable, naive, show_all: bool = False,
+                  width: int = 100) -> Group:
+    """Per-element probabilities: online, one-shot stabilized, naive, and their difference.
+
+    Probabilities get 12 significant digits, or fewer (down to 6) as it takes to fit `width`.
+    """
+    return _fit(lambda d: Group(Text(""), _element_table(scores, online, stable, naive,
+                                                          show_all, d)),
+                width, (12, 10, 8, 6))
+
+
+def _element_table(scores, online, stable, naive, show_all: bool, d: int) -> Table:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("i", "score", "online p", "stabilized p", "naive p", "|online−stab|", "ulps"):
         t.add_column(name, justify="right")
@@ -159,7 +172,7 @@ def element_table(scores, online, stable, naive, show_all: bool = False) -> Tabl
 
     def row(i):
         return [
-            str(i), num(scores[i], 10), num(online[i], 12), num(stable[i], 12),
+            str(i), num(scores[i], 10), num(online[i], d), num(stable[i], d),
             num(naive[i], 6), num(diff[i], 3), num(ulps[i], 3),
         ]
 
@@ -328,3 +341,327 @@ def split_table(run) -> Group:
         agreement("merged vs unsplit O", run.max_abs_diff),
         agreement("merged vs unsplit LSE", run.max_lse_diff),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# trace extras: step mode, lazy rescale, block order; osm merge, sweep, cost
+
+
+def step_frame(headers: Sequence, trace, upto: int, width: int = 100) -> Group:
+    """Step mode: the header, the step table up to block `upto` (that row highlighted), a hint."""
+    from dataclasses import replace
+
+    shown = replace(trace, steps=trace.steps[: upto + 1])
+    group = step_table(shown, False, width)
+    group.renderables[1].rows[-1].style = "reverse"
+    n = len(trace.steps)
+    hint = (
+        f"block {upto + 1} of {n} · Enter or space: next block · q: quit"
+        if upto + 1 < n else f"block {n} of {n}: done"
+    )
+    return Group(*headers, *group.renderables, Text(hint, style="bold"))
+
+
+def lazy_note(threshold: float) -> Text:
+    """What --rescale-threshold τ does, in the units it is given in."""
+    return Text(
+        f"lazy rescale, τ = {threshold:g} (natural log; {threshold / math.log(2):.4g} in log2): "
+        "m moves only when a block max\nexceeds it by more than τ. 'skip': the block max passed m, "
+        "and the old state was not rescaled"
+    )
+
+
+def lazy_summary(lazy: int, eager: int, skipped: int, excess: float, threshold: float) -> Text:
+    """Rescales counted with and without τ, and the largest exponent the stale m let through."""
+    saved = eager - lazy
+    ex = "none" if not math.isfinite(excess) else (
+        f"{excess:.6g} (exp ≤ {math.exp(excess):.6g}; bound e^τ = {math.exp(threshold):.6g})"
+    )
+    return Text.assemble(
+        f"rescales: {lazy} lazy (τ = {threshold:g}) vs {eager} eager: ",
+        Text(f"{saved} saved", style="green" if saved > 0 else ""),
+        f", {skipped} skipped\nlargest block max − m (the exponent a stale m lets through): {ex}",
+    )
+
+
+def _order_text(indices) -> str:
+    idx = [str(int(i)) for i in indices]
+    return " ".join(idx) if len(idx) <= 24 else " ".join(idx[:12] + ["…"] + idx[-12:])
+
+
+def order_table(check, seed: int | None = None) -> Group:
+    """Forward fold vs the chosen block order vs a pairwise (tree) merge of block states."""
+    label = check.order + (f" (seed {seed})" if check.order == "shuffle" else "")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("comparison", "max |Δp|", "max |ΔLSE|"):
+        t.add_column(name, justify="left" if name == "comparison" else "right")
+    t.add_row(f"forward vs {check.order}", num(check.p_order, 3), num(check.lse_order, 3))
+    t.add_row("forward vs tree merge", num(check.p_tree, 3), num(check.lse_tree, 3))
+    t.add_row(f"{check.order} vs tree merge", num(check.p_order_tree, 3), Text(""))
+    return Group(
+        Text(f"block order {label}: {_order_text(check.indices)}\n"
+             "tree merge: each block's own (m, l), merged pairwise ((0⊕1)⊕(2⊕3))…, all rows"),
+        t,
+    )
+
+
+def merge_table(names: Sequence[tuple[str, str]], stats, merged, row: int, row_lses) -> Group:
+    """osm merge: one row per split (empty rows, LSE and weight ranges, the traced row), then
+    the merged result. row is a flat row index; row_lses are the splits' LSEs there, as given."""
+    base = "log2" if merged.lse_base == "2" else "natural log"
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+              title=f"splits (LSE in {base}; weight = exp(LSE_s − L), L = logsumexp LSE_s)")
+    for name in ("split", "files O, LSE", "empty rows", "+inf", "LSE range", "weight range",
+                 f"row {row}: LSE_s", "weight"):
+        t.add_column(name, justify="left" if name.startswith("files") else "right",
+                     no_wrap=not name.startswith("files"))
+    weights = merged.weights.reshape(len(stats), -1)
+    for st, (o_name, l_name), row_lse in zip(stats, names, row_lses, strict=True):
+        if st.empty < st.rows:
+            lse_range = Text.assemble(num(st.lse_min, 5), " … ", num(st.lse_max, 5))
+            w_range = Text.assemble(num(st.weight_min, 4), " … ", num(st.weight_max, 4))
+        else:
+            lse_range = w_range = Text("all empty", style="dim")
+        t.add_row(
+            str(st.split), f"{Path(o_name).name}, {Path(l_name).name}", f"{st.empty}/{st.rows}",
+            str(st.pos_inf), lse_range, w_range, num(row_lse, 8), num(weights[st.split, row], 8),
+        )
+    lse = merged.lse.reshape(-1)
+    out = merged.out.reshape(lse.size, -1)
+    empty = int(np.isneginf(lse).sum())
+    live = lse[np.isfinite(lse)]
+    summary = Text.assemble(
+        f"merged: O {tuple(merged.out.shape)}, LSE {tuple(merged.lse.shape)} ({base}); ",
+        f"{empty} of {lse.size} row(s) empty in every split (O = 0, LSE = -inf)",
+        *((";\nLSE range ", num(live.min(), 8), " … ", num(live.max(), 8)) if live.size else ()),
+        f"\nrow {row}: L = ", num(lse[row], 10), ", O[:4] = ", values(out[row], 8, 4),
+    )
+    return Group(t, summary)
+
+
+def bytes_text(n: int, binary: bool = False) -> str:
+    """A byte count for people: 1.64 GB (1000-based) or, binary, 97 KiB (1024-based)."""
+    step, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB")) if binary else (
+        1000, ("B", "kB", "MB", "GB", "TB"))
+    x = float(n)
+    for unit in units:
+        if abs(x) < step or unit == units[-1]:
+            return f"{int(x)} B" if unit == "B" else f"{x:.3g} {unit}"
+        x /= step
+    return f"{n} B"  # pragma: no cover
+
+
+def sweep_table(result, source: str) -> Group:
+    """osm sweep: per block size the measured error and rescales beside the modelled costs."""
+    r = result
+    head = Text(
+        f"{source}: {r.n_q} row(s) × {r.n_k} keys, measured per block size\n"
+        f"model: head dim d = {r.d}, {r.dtype_bytes} bytes per element, tiles of {r.block_q} "
+        f"query rows, SRAM {bytes_text(r.sram_bytes, True)}\n"
+        f"(M = {r.sram_bytes // r.dtype_bytes} elements: FA1 would pick B_r = {r.fa1_block[0]}, "
+        f"B_c = {r.fa1_block[1]})\nstandard attention, forward: {bytes_text(r.hbm_standard)} "
+        "of HBM traffic (model)"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name in ("block", "tiles", "masked", "rescales", "max |p−ref|", "max |ΔLSE|",
+                 "tile bytes", "fits", "HBM tiled", "std/tiled"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for row in r.rows:
+        m = row.measure
+        t.add_row(
+            str(row.block), str(m.tiles), str(m.skipped), str(m.rescales), num(m.max_error, 3),
+            num(m.lse_error, 3), bytes_text(row.tile_bytes, True),
+            Text("yes", style="green") if row.fits else Text("no", style="bold red"),
+            bytes_text(row.hbm_flash), f"{r.hbm_standard / row.hbm_flash:.3g}×",
+        )
+    note = Text(
+        "tile bytes: one tile step's working set, Q_i, K_j, V_j in the input dtype and S, the "
+        "O accumulator,\nm, l in fp32. masked: tiles whose scores are all -inf (a kernel with "
+        "the mask skips them).\nHBM bytes (forward) are FA1's I/O model (Algorithms 0 and 1), "
+        "not a measurement.",
+        style="dim",
+    )
+    return Group(head, t, note)
+
+
+def cost_table(c) -> Group:
+    """osm cost: modelled HBM traffic of standard and tiled attention for one shape."""
+    head = Text(
+        f"N = {c.N}, d = {c.d}, {c.heads} heads, batch {c.batch}, {c.dtype_bytes} bytes per "
+        f"element\nSRAM {bytes_text(c.sram_bytes, True)}: M = {c.sram_bytes // c.dtype_bytes} "
+        f"elements, FA1 tiles B_c = ceil(M/4d) = {c.block_k}, B_r = min(B_c, d) = {c.block_q}"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("HBM reads + writes (model)", "standard", "tiled (FlashAttention)", "ratio"):
+        t.add_column(name, justify="left" if name.startswith("HBM") else "right")
+    for label, std, fl in (
+        ("forward", c.standard_fwd, c.flash_fwd),
+        ("forward + backward", c.standard_fwd_bwd, c.flash_fwd_bwd),
+        ("forward + backward, mask and dropout as\nseparate kernels in standard",
+         c.standard_fwd_bwd_passes, c.flash_fwd_bwd),
+    ):
+        t.add_row(label, bytes_text(std), bytes_text(fl), f"{std / fl:.3g}×")
+    note = Text(
+        f"matmul FLOPs (both): {c.flops_fwd / 1e9:.4g} G forward, {c.flops_fwd_bwd / 1e9:.4g} G "
+        "forward + backward. GB = 10⁹ bytes.\nThis is FA1's I/O model (Theorem 2; Algorithms 0, "
+        "1, 3 and 4 counted line by line),\nnot a measurement: caches, kernel launches and "
+        "recomputation are left out.",
+        style="dim",
+    )
+    return Group(head, t, note)
+
+
+# ---------------------------------------------------------------------------------------------
+# precision: --dtype, the verdict, osm check
+
+
+def pass_fail(passed: bool) -> Text:
+    return Text("PASS", style="bold green") if passed else Text("FAIL", style="bold red")
+
+
+def rounding_text(notes) -> Text:
+    """Per rounded array: values moved, overflowed to inf (bold red), underflowed to 0 (yellow)."""
+    parts: list = []
+    for i, r in enumerate(notes):
+        parts += ["; " if i else "", f"{r.name} {r.changed} of {r.size} moved"]
+        if r.changed > r.overflowed:
+            parts.append(f" (max |Δ| {r.max_abs_change:.3g})")
+        if r.overflowed:
+            parts += [", ", Text(f"{r.overflowed} overflowed to inf", style="bold red")]
+        if r.underflowed:
+            parts += [", ", Text(f"{r.underflowed} underflowed to 0", style="yellow")]
+    return Text.assemble(*parts)
+
+
+def _rule_text(r, what: str = "out") -> Text:
+    line = Text.assemble(
+        f"max|{what} − ref| = ", num(r.err, 3), " ≤ 2·" if r.passed else " > 2·",
+        num(r.pt_err, 3), " + 2·",
+        num(r.rounding, 3), " = ", num(r.bound, 3), "  ", pass_fail(r.passed),
+    )
+    if r.note:
+        line.append(f"  ({r.note})", style="yellow")
+    return line
+
+
+def _verdict_rows(v, model_err: float | None = None, label: str = "this run") -> list:
+    ratio = f"  ({v.plain_err / v.err:.3g}× {label})" if v.err else ""
+    rows = [(f"max |O − ref64|, {label}", num(v.err, 3))]
+    if model_err is not None:
+        rel = f"  ({v.err / model_err:.3g}× the model)" if model_err else ""
+        rows.append(("max |O − ref64|, osm flash model", Text.assemble(num(model_err, 3), rel)))
+    rows += [
+        (f"max |O − ref64|, plain {v.dtype}", Text.assemble(num(v.plain_err, 3), ratio)),
+        ("FlashAttention test rule", _rule_text(v.rule)),
+    ]
+    if v.lse is not None:
+        rows += [
+            ("max |LSE − ref64|", Text.assemble(num(v.lse_err, 3), "  (plain ",
+                                                num(v.plain_lse_err, 3), ")")),
+            ("LSE rule", _rule_text(v.lse, "lse")),
+        ]
+    return rows
+
+
+def precision_summary(model, notes, verdict) -> Table:
+    """osm attention --dtype: the precision model, what rounding the inputs did, the verdict."""
+    t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [("precision", model.describe()), (f"inputs in {model.name}", rounding_text(notes))]
+    if verdict is None:
+        rows.append(("verdict", "skipped (--no-reference)"))
+    else:
+        rows += _verdict_rows(verdict)
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def check_report(rep, name: str, top: int) -> Group:
+    """osm check: the verdict, then the worst rows and heads against the dtype-rounded reference."""
+    v = rep.verdict
+    head = Text(f"{name}: shape {rep.shape}, judged as {v.dtype} against the float64 reference "
+                f"of the {v.dtype}-rounded Q, K, V")
+    t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, val in [("inputs", rounding_text(rep.notes)),
+                   *_verdict_rows(v, rep.model_err, "the kernel"),
+                   ("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
+                   ("verdict", pass_fail(v.passed))]:
+        t.add_row(k, val)
+    rows = Table(title=f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's "
+                 "largest |ref|)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in ("batch", "head", "query", "max |out − ref|", "ulps", "|LSE − ref|"):
+        rows.add_column(c, justify="right")
+    for r in rep.rows:
+        over = r.err > v.rule.bound or math.isnan(r.err)
+        rows.add_row(str(r.batch), str(r.head), str(r.query),
+                     Text(f"{r.err:.3g}", style="bold red" if over else ""), num(r.ulps, 3),
+                     num(r.lse_err, 3))
+    heads = Table(title="worst heads", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in ("batch", "head", "max |out − ref|", "rows over the bound"):
+        heads.add_column(c, justify="right")
+    for h in rep.heads:
+        heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
+    parts = [head, t, rows, heads]
+    if rep.hint:
+        parts.append(Text(rep.hint, style="yellow"))
+    return Group(*parts)
+
+
+def dtype_trace_note(lt, row: int) -> Text:
+    """osm trace --dtype: how the scores were rounded, where the state was held, the difference."""
+    m = lt.model
+    where = (f"m, α, l held in {m.accum.name}, p rounded to {m.name} (precision flash)"
+             if m.precision == "flash" else f"m, α, l and p held in {m.name} (precision naive)")
+    diff = float(np.atleast_1d(lt.max_diff)[row])
+    ulps = np.atleast_2d(lt.ulps)[row]
+    worst = float(np.nanmax(ulps)) if np.isfinite(ulps).any() else math.nan
+    parts: list = [f"rounded to {m.name}: ", rounding_text([lt.rounding]), f"\n{where}\n",
+                   "vs float64 on the unrounded scores: max |p − p64| = ", num(diff, 3),
+                   " (", num(worst, 3), f" ulps of {m.name})"]
+    if lt.p_underflowed:
+        parts += ["; ", Text(f"{lt.p_underflowed} p underflowed to 0", style="yellow")]
+    if lt.alpha_underflowed:
+        blocks = ", ".join(str(b) for b in lt.alpha_underflowed)
+        parts += ["; ", Text(f"α underflowed to 0 at block {blocks}", style="yellow")]
+    return Text.assemble(*parts)
+
+
+def dtype_elements(scores, lt, row: int, show_all: bool = False) -> Table:
+    """Per element: the score as given and as the dtype holds it, p, the float64 p, naive p."""
+    m = lt.model
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("i", "score", f"in {m.name}", "online p", "float64 p", "naive p", "|p − p64|",
+              "ulps", ""):
+        t.add_column(c, justify="right" if c else "left")
+    s, held = np.atleast_2d(scores)[row], np.atleast_2d(lt.scores)[row]
+    p, exact = np.atleast_2d(lt.probabilities)[row], np.atleast_2d(lt.exact)[row]
+    naive, ulps = np.atleast_2d(lt.naive)[row], np.atleast_2d(lt.ulps)[row]
+
+    def cells(i):
+        note = ""
+        if np.isfinite(s[i]) and not np.isfinite(held[i]):
+            note = Text("overflow → " + ("inf" if np.isinf(held[i]) else "nan"), style="bold red")
+        elif s[i] != 0 and held[i] == 0:
+            note = Text("underflow → 0", style="yellow")
+        elif p[i] == 0 and exact[i] > 0:
+            note = Text("p underflows to 0", style="yellow")
+        return [str(i), num(s[i], 10), num(held[i], 8), num(p[i], 8), num(exact[i], 10),
+                num(naive[i], 6), num(abs(p[i] - exact[i]), 3), num(ulps[i], 3), note]
+
+    return _fill(t, len(s), cells, show_all)
+
+
+def held_table(demo) -> Table:
+    """overflow-demo: the values as each dtype holds them (shown when a dtype moved them)."""
+    t = Table(title="x as each dtype holds it", box=box.SIMPLE_HEAD, title_justify="left",
+              pad_edge=False)
+    t.add_column("dtype")
+    for i in range(len(demo.values)):
+        t.add_column(f"x[{i}] = {demo.values[i]:g}", justify="right")
+    for d in demo.rows:
+        t.add_row(d.dtype, *(num(x, 6) for x in d.held))
+    return t

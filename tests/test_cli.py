@@ -104,12 +104,6 @@ def test_trace_all_shows_every_element(runner):
     assert re.search(r"\n\s*20\s+20\s+\S+e-", full)  # element 20: p = e^(20-39) / l
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (uncommitted cli.py work in progress): `osm trace --values 0,1,...,39 -b 2 "
-    "--all` still elides the step table with ⋮; cli._step_mode calls "
-    "render.step_table(tr, False, out.width), dropping show_all",
-)
 def test_trace_all_shows_every_block(runner):
     full = ok(runner, "trace", "--values", FORTY, "-b", "2", "--all").stdout
     assert "⋮" not in full
@@ -441,12 +435,6 @@ def test_error_line_is_one_line_even_when_long(runner, tmp_path):
     assert msg.endswith("missing.txt: no such file")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: scores near ±float64 max (1e308 and -1e308) make s - m overflow in "
-    "online.py and reference.py; numpy's RuntimeWarning escapes (printed on stderr by `osm`, "
-    "an 'internal error' under warnings-as-errors) although the answer [1, 0] is right",
-)
 def test_trace_extreme_magnitudes(runner):
     doc = trace_json(runner, "--values", "1e308,-1e308", "-b", "1")
     assert doc["probabilities"] == [1, 0]

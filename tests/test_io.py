@@ -189,11 +189,6 @@ def test_text_file_named_npy_refused(tmp_path):
     assert _err(load_array, p).startswith(f"{p}: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a text file named .npy is reported as 'holds Python objects (a pickle)'; "
-    "np.load reads any file without the NPY magic as a pickle and io.load_array relays that",
-)
 def test_text_file_named_npy_is_not_called_a_pickle(tmp_path):
     p = tmp_path / "text.npy"
     p.write_text("1 2 3\n")
@@ -268,12 +263,6 @@ def test_load_scores_errors(tmp_path):
     assert "not a text file" in _err(load_scores, str(binary))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a UTF-8 file with a byte-order mark (as spreadsheets save CSV) fails with "
-    "\"line 1, column 1: '\\ufeff1' is not a number\"; io.load_scores reads with 'utf-8', "
-    "not 'utf-8-sig'",
-)
 def test_csv_with_byte_order_mark(tmp_path):
     p = tmp_path / "excel.csv"
     p.write_bytes("1,2,5,3\n".encode("utf-8-sig"))

@@ -436,13 +436,6 @@ def test_module_is_pure():
     assert "typer" not in source
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: s - m overflows to -inf (numpy RuntimeWarning 'overflow encountered in "
-    "subtract') for finite scores of opposite sign near float64 max, e.g. [1e308, -1e308]; "
-    "the result is right but the warning escapes (online.rescale_step, block_state, "
-    "probabilities, and reference.stable_softmax)",
-)
 @pytest.mark.parametrize("form", FORMS)
 def test_full_float64_range_without_warnings(form):
     t = online_softmax(np.array([1e308, -1e308]), 1, form)  # warnings are errors here

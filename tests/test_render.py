@@ -277,12 +277,6 @@ def test_long_step_table_fits_100_columns(render_text, form, show_all):
     _fits(render_text(render.step_table(trace, show_all=show_all, width=100)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: render.element_table at 100 columns cuts probabilities such as "
-    "9.68779281471e-61 to '9.68779281471e-…' (the exponent is lost) for a 10^5-score row; "
-    "it never shrinks its 12 significant digits the way step_table does",
-)
 def test_long_element_table_fits_100_columns(render_text):
     s = _long_input()
     p = online_softmax(s, 4096).probabilities
