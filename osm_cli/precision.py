@@ -668,6 +668,9 @@ def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int =
             tr = run(held.astype(m.accum), block, form, row=row)
             p = round_to(tr.probabilities, m.dtype, np.float64)
         naive = naive_softmax(held.astype(m.dtype)).astype(np.float64)
+    # The dtype's values as float64, so that records print and serialise like any other.
+    tr = replace(tr, m=np.asarray(tr.m, dtype=np.float64), l=np.asarray(tr.l, dtype=np.float64),
+                 lse=np.asarray(tr.lse, dtype=np.float64), probabilities=p)
     exact = stable_softmax(s64)
     diff = np.abs(p - exact)
     with np.errstate(invalid="ignore"):
