@@ -267,9 +267,8 @@ def attention(
                              "(use -inf to hide a key)")
         user_mask = _broadcast_mask(mask, (b, hq, t, s)).reshape(b, hk, g, t, s)
 
-    # Query heads grouped under their kv head: q5 (B, Hkv, g, t, d), k5/v5 (B, Hkv, 1, s, ·).
+    # Query heads grouped under their kv head: q5 (B, Hkv, g, t, d).
     q5 = q4.reshape(b, hk, g, t, d)
-    k5, v5 = k4[:, :, None], v4[:, :, None]
     out5 = np.zeros((b, hk, g, t, dv), dtype=accum)
     lse5 = np.zeros((b, hk, g, t), dtype=accum)
     step = rescale_step if form == "rescale" else merge_step
@@ -295,18 +294,26 @@ def attention(
     n_q, n_k = -(-t // bq), len(starts)
     at_row = (tb, th // g, th % g)
 
+    # One matmul per kv head: the g query heads that share it are stacked as rows of one tile
+    # (G = B·Hkv batches of g·n rows), so BLAS sees a few large 3-D products, not many small ones.
+    k3 = k4.reshape(b * hk, s, d)
+    v3 = v4.reshape(b * hk, s, dv)
+
     def q_tile(i0: int):
         """The inner loop over K/V tiles for the query rows i0:i0+bq (independent of the others)."""
         i1 = min(t, i0 + bq)
-        qt = q5[..., i0:i1, :].astype(accum, copy=False) * accum.type(scale)
+        n = i1 - i0
+        qt = (q5[..., i0:i1, :].astype(accum) * accum.type(scale)).reshape(b * hk, g * n, d)
         state = initial_state(qt.shape[:-1], dv, accum)
         traced_here = i0 <= ti < i1
-        at = (*at_row, ti - i0)
+        at = (at_row[0] * hk + at_row[1], at_row[2] * n + ti - i0)
         steps, counts = [], [0, 0, 0]  # computed, skipped, rescales
         for j0 in starts:
             kj, j1 = (j0 - k0) // bk, min(k1, j0 + bk)
             kind = "full" if band is None else band.tile(i0, i1, j0, j1)
-            um = None if user_mask is None else user_mask[..., i0:i1, j0:j1]
+            um = None
+            if user_mask is not None:
+                um = user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
             if kind != "skip" and um is not None and _all_masked(um):
                 kind = "skip"
             if kind == "skip":
@@ -315,20 +322,21 @@ def attention(
                     steps.append(_trace_step(kj, j0, j1, True, -np.inf, state, state, None, at))
                 continue
             counts[0] += 1
-            st = qt @ k5[..., j0:j1, :].astype(accum, copy=False).swapaxes(-1, -2)
+            st = qt @ k3[:, j0:j1, :].astype(accum, copy=False).swapaxes(-1, -2)
             if kind == "partial":
-                st = np.where(band.visible(i0, i1, j0, j1), st, accum.type(-np.inf))
+                vis = np.tile(band.visible(i0, i1, j0, j1), (g, 1))
+                st = np.where(vis, st, accum.type(-np.inf))
             if um is not None:
                 st = np.where(um, st, accum.type(-np.inf)) if um.dtype.kind == "b" else st + um
-            up = step(state, st, v5[..., j0:j1, :].astype(accum, copy=False), **step_kw)
+            up = step(state, st, v3[:, j0:j1, :].astype(accum, copy=False), **step_kw)
             counts[2] += int(np.count_nonzero((up.state.m > state.m) & np.isfinite(state.m)))
             if traced_here:
                 steps.append(_trace_step(kj, j0, j1, False, float(st[at].max()), state,
                                          up.state, float(up.alpha[at]), at))
             state = up.state
         lse, o = finalize(state)
-        out5[..., i0:i1, :] = o
-        lse5[..., i0:i1] = lse
+        out5[..., i0:i1, :] = o.reshape(b, hk, g, n, dv)
+        lse5[..., i0:i1] = lse.reshape(b, hk, g, n)
         return steps, counts
 
     # Q tiles are independent (FA2 gives each its own thread block); numpy and BLAS release the
