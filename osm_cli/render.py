@@ -224,6 +224,8 @@ def overflow_tables(demo) -> Group:
     for i in range(len(xs)):
         soft.add_column(f"p[{i}]", justify="right")
     for d in demo.rows:
+        if not d.fits:
+            continue
         for method, p in (("naive", d.naive), ("stabilized", d.stable), ("online", d.online)):
             soft.add_row(d.dtype if method == "naive" else "", method, *(num(v, 6) for v in p))
         soft.add_section()
@@ -451,34 +453,52 @@ def bytes_text(n: int, binary: bool = False) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def sweep_table(result, source: str) -> Group:
-    """osm sweep: per block size the measured error and rescales beside the modelled costs."""
+def sweep_table(result, source: str, about: str | None = None) -> Group:
+    """osm sweep: per block size the measured error and rescales beside the modelled costs.
+
+    about: for a Q/K/V sweep, the lines that describe the run (shapes, mask, state dtype); the
+    error is then of O, the tiles are computed or skipped, and when the mask skipped tiles a
+    column gives FA1's block-sparse traffic in place of the std/tiled ratio.
+    """
     r = result
+    qkv = about is not None
+    sparse = qkv and any(x.hbm_skipping is not None and x.measure.skipped for x in r.rows)
+    first = f"{source}: {about}" if qkv else (
+        f"{source}: {r.n_q} row(s) × {r.n_k} keys, measured per block size")
+    d_text = f"d = {r.d} (Q's)" if qkv else f"head dim d = {r.d}"
     head = Text(
-        f"{source}: {r.n_q} row(s) × {r.n_k} keys, measured per block size\n"
-        f"model: head dim d = {r.d}, {r.dtype_bytes} bytes per element, tiles of {r.block_q} "
+        f"{first}\n"
+        f"model: {d_text}, {r.dtype_bytes} bytes per element, tiles of {r.block_q} "
         f"query rows, SRAM {bytes_text(r.sram_bytes, True)}\n"
         f"(M = {r.sram_bytes // r.dtype_bytes} elements: FA1 would pick B_r = {r.fa1_block[0]}, "
         f"B_c = {r.fa1_block[1]})\nstandard attention, forward: {bytes_text(r.hbm_standard)} "
         "of HBM traffic (model)"
     )
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in ("block", "tiles", "masked", "rescales", "max |p−ref|", "max |ΔLSE|",
-                 "tile bytes", "fits", "HBM tiled", "std/tiled"):
+    names = ("block", "tiles", "skipped" if qkv else "masked", "rescales",
+             "max |O−ref|" if qkv else "max |p−ref|", "max |ΔLSE|", "tile bytes", "fits",
+             "HBM tiled", "HBM skip" if sparse else "std/tiled")
+    for name in names:
         t.add_column(name, justify="right", no_wrap=True)
     for row in r.rows:
         m = row.measure
+        last = (bytes_text(row.hbm_skipping) if sparse else
+                f"{r.hbm_standard / row.hbm_flash:.3g}×")
         t.add_row(
             str(row.block), str(m.tiles), str(m.skipped), str(m.rescales), num(m.max_error, 3),
             num(m.lse_error, 3), bytes_text(row.tile_bytes, True),
             Text("yes", style="green") if row.fits else Text("no", style="bold red"),
-            bytes_text(row.hbm_flash), f"{r.hbm_standard / row.hbm_flash:.3g}×",
+            bytes_text(row.hbm_flash), last,
         )
+    what = ("skipped: tiles the mask hides entirely, not computed (tiles counted per head)."
+            if qkv else "masked: tiles whose scores are all -inf (a kernel with the mask skips "
+            "them).")
+    skip = ("\nHBM skip: the same model with the skipped tiles left out (FA1 Prop. 4, "
+            "block-sparse)." if sparse else "")
     note = Text(
         "tile bytes: one tile step's working set, Q_i, K_j, V_j in the input dtype and S, the "
-        "O accumulator,\nm, l in fp32. masked: tiles whose scores are all -inf (a kernel with "
-        "the mask skips them).\nHBM bytes (forward) are FA1's I/O model (Algorithms 0 and 1), "
-        "not a measurement.",
+        f"O accumulator,\nm, l in fp32. {what}\nHBM bytes (forward) are FA1's I/O model "
+        f"(Algorithms 0 and 1), not a measurement.{skip}",
         style="dim",
     )
     return Group(head, t, note)

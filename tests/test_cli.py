@@ -478,12 +478,6 @@ def test_overflow_demo_not_a_number(runner):
     assert "Invalid value for 'values'" in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: `osm overflow-demo 70000 1`: 70000 overflows float16 when cast, numpy "
-    "RuntimeWarnings (overflow in cast, invalid value in subtract) escape and float16's "
-    "stabilized/online rows show nan",
-)
 def test_overflow_demo_value_beyond_float16(runner):
     out = ok(runner, "overflow-demo", "70000", "1").stdout
     assert not re.search(r"online\s+nan", out)

@@ -142,23 +142,12 @@ def test_overflow_demo_float16_only_breaks_above_11():
     assert "exp(12) does not fit" in demo.overflow_note
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: overflow_demo([70000, 1]) casts 70000 to float16 (max 65504) = inf: numpy "
-    "RuntimeWarnings (overflow in cast, invalid value in subtract) escape, and float16's "
-    "stabilized and online results are nan although the note says every dtype is finite",
-)
 def test_overflow_demo_value_beyond_float16_range():
     demo = overflow_demo([70000.0, 1.0])  # warnings are errors in this suite
     if not all(np.isfinite(r.online).all() for r in demo.rows):
         assert "every dtype gives a finite answer" not in demo.overflow_note
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: overflow_demo([-inf, -inf]) explains the naive nan as an overflow "
-    "('exp(-inf) does not fit, so the sum is inf'); it is 0 / 0",
-)
 def test_overflow_demo_all_masked_values_note():
     note = overflow_demo([-math.inf, -math.inf]).overflow_note
     assert "does not fit" not in note
