@@ -100,7 +100,8 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.n
     except InputError:
         raise
     except ValueError as exc:
-        if "pickle" in str(exc).lower():
+        # mmap refuses object arrays before np.load can say "pickle": both mean the same thing
+        if "pickle" in str(exc).lower() or "python objects" in str(exc).lower():
             raise InputError(
                 f"{path}: holds Python objects (a pickle); osm only reads plain numeric arrays"
             ) from None
