@@ -228,9 +228,22 @@ def jsonable(obj):
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        if obj.dtype.kind == "f" and np.isfinite(obj).all():
+        if obj.dtype.kind in "biu":
             return obj.tolist()
-        return jsonable(obj.tolist())
+        if obj.dtype.kind != "f":
+            try:  # bfloat16 and float8 (ml_dtypes) hold their values exactly in float64
+                obj = obj.astype(np.float64)
+            except (TypeError, ValueError):
+                return jsonable(obj.tolist())
+        bad = ~np.isfinite(obj)
+        if not bad.any():
+            return obj.tolist()
+        # Vectorized: swap the non-finite entries for their strings, then one tolist().
+        named = obj.astype(object)
+        named[np.isnan(obj)] = "nan"
+        named[np.isposinf(obj)] = "inf"
+        named[np.isneginf(obj)] = "-inf"
+        return named.tolist()
     if isinstance(obj, (np.floating, float)):
         x = float(obj)
         if math.isnan(x):
