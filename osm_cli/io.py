@@ -259,8 +259,16 @@ def jsonable(obj):
 
 
 def dumps(obj, indent: int | None = 2) -> str:
-    """Strict JSON (RFC 8259): no NaN or Infinity literals."""
-    return json.dumps(jsonable(obj), indent=indent, allow_nan=False)
+    """Strict JSON (RFC 8259): no NaN or Infinity literals.
+
+    Indented when small; a large document (over ~100 kB) stays on one line, because json's
+    C encoder, 10× faster, only runs without indentation.
+    """
+    doc = jsonable(obj)
+    text = json.dumps(doc, allow_nan=False)
+    if indent is not None and len(text) < 100_000:
+        text = json.dumps(doc, indent=indent, allow_nan=False)
+    return text
 
 
 __all__ = [
