@@ -363,8 +363,15 @@ def attention(
         out, lse, float(scale), tuple(np.shape(q)), tuple(np.shape(k)), tuple(np.shape(v)),
         bq, bk, causal, causal_align, window, masked_lse, computed, skipped, rescales,
         int(np.count_nonzero(empty)), tuple(trace), (tb, th, ti), trace_out,
-        {"tiles_total": n_q * n_k},
+        {"tiles_total": n_q * n_k, "mask": _mask_about(mask)},
     )
+
+
+def _mask_about(mask: np.ndarray | None) -> str:
+    if mask is None:
+        return "none"
+    kind = "bool, True = attend" if mask.dtype.kind == "b" else "float, added to the scores"
+    return f"{kind}, shape {tuple(mask.shape)}"
 
 
 def _all_masked(um: np.ndarray) -> bool:
@@ -447,6 +454,7 @@ def summary(res: Attention, errs: dict | None, ref_row) -> dict:
         "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
         "scale": res.scale, "causal": res.causal, "causal_align": res.align,
         "window": None if res.window is None else list(res.window),
+        "mask": res.extra["mask"],
         "block_q": res.block_q, "block_k": res.block_k,
         "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
         "tiles_total": res.extra["tiles_total"], "rescales": res.rescales,

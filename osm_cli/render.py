@@ -258,6 +258,7 @@ def attention_summary(res, ref_err: dict | None) -> Table:
         ("scale", f"{res.scale:.8g}"),
         ("causal", f"yes ({res.align})" if res.causal else "no"),
         ("window", window),
+        ("mask", res.extra.get("mask", "none")),
         ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} computed, "
                   f"{res.tiles_skipped} skipped of {res.extra['tiles_total']}"),
         ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
@@ -304,7 +305,12 @@ def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
 
     _fill(t, len(res.trace), row, show_all)
     title = Text(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0")
-    parts = [title, t]
+    return Group(title, t, *attention_output(res, ref_row, show_all).renderables)
+
+
+def attention_output(res, ref_row, show_all: bool = False) -> Group:
+    """The traced row's output O / l beside the reference (empty without a traced row)."""
+    parts: list = []
     if res.trace_out is not None:
         o = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         for name in ("j", "output", "reference", "|diff|"):
@@ -318,6 +324,17 @@ def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
 
         parts += [Text("output row O / l"), _fill(o, n, orow, show_all)]
     return Group(*parts)
+
+
+def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) -> Group:
+    """attention --step: the headers, the traced row's tiles up to `upto` (that row
+    highlighted) and a hint; the output row comes after the last tile."""
+    from dataclasses import replace
+
+    shown = replace(res, trace=res.trace[: upto + 1], trace_out=None)
+    group = attention_trace(shown, None, width)
+    group.renderables[1].rows[-1].style = "reverse"
+    return Group(*headers, *group.renderables, step_hint(upto, len(res.trace), "tile"))
 
 
 def progress_bar(console: Console):
@@ -356,12 +373,16 @@ def step_frame(headers: Sequence, trace, upto: int, width: int = 100) -> Group:
     shown = replace(trace, steps=trace.steps[: upto + 1])
     group = step_table(shown, False, width)
     group.renderables[1].rows[-1].style = "reverse"
-    n = len(trace.steps)
+    return Group(*headers, *group.renderables, step_hint(upto, len(trace.steps)))
+
+
+def step_hint(upto: int, n: int, unit: str = "block") -> Text:
+    """Where step mode is and which keys move it on."""
     hint = (
-        f"block {upto + 1} of {n} · Enter or space: next block · q: quit"
-        if upto + 1 < n else f"block {n} of {n}: done"
+        f"{unit} {upto + 1} of {n} · Enter or space: next {unit} · q: quit"
+        if upto + 1 < n else f"{unit} {n} of {n}: done"
     )
-    return Group(*headers, *group.renderables, Text(hint, style="bold"))
+    return Text(hint, style="bold")
 
 
 def lazy_note(threshold: float) -> Text:
