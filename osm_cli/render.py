@@ -76,12 +76,12 @@ def step_table(trace, show_all: bool = False, width: int = 100) -> Group:
     return _fit(lambda d: _step_table(trace, show_all, d), width)
 
 
-def _fit(make: Callable[[int], Group], width: int, digits=(8, 7, 6, 5)) -> Group:
-    """make(digits) with the most digits whose table (the group's second part) fits `width`."""
+def _fit(make: Callable[[int], Group], width: int, digits=(8, 7, 6, 5), part: int = 1) -> Group:
+    """make(digits) with the most digits whose table (the group's `part`) fits `width`."""
     probe = Console(width=10_000)
     for d in digits:
         group = make(d)
-        if Measurement.get(probe, probe.options, group.renderables[1]).maximum <= width:
+        if Measurement.get(probe, probe.options, group.renderables[part]).maximum <= width:
             break
     return group
 
@@ -157,9 +157,8 @@ def element_table(scores, online, stable, naive, show_all: bool = False,
 
     Probabilities get 12 significant digits, or fewer (down to 6) as it takes to fit `width`.
     """
-    return _fit(lambda d: Group(Text(""), _element_table(scores, online, stable, naive,
-                                                          show_all, d)),
-                width, (12, 10, 8, 6))
+    return _fit(lambda d: Group(_element_table(scores, online, stable, naive, show_all, d)),
+                width, (12, 10, 8, 6), part=0)
 
 
 def _element_table(scores, online, stable, naive, show_all: bool, d: int) -> Table:
