@@ -86,11 +86,15 @@ def hbm_bytes_standard(
 def hbm_bytes_flash(
     N: int, d: int, M: int | None = None, heads: int = 1, batch: int = 1, dtype_bytes: int = 2,
     *, block_k: int | None = None, n_q: int | None = None, backward: bool = False,
+    row_visits: int | None = None,
 ) -> int:
     """HBM bytes read + written by tiled attention (Algorithm 1, + Algorithm 4 if backward).
 
     The key block B_c is `block_k`, or FA1's ceil(M / 4d) for an SRAM of M elements.
     Θ(N²·d² / M) per head. The query block B_r does not change the traffic, only the tile.
+    row_visits (per head) replaces T_c·t, the (query row, key block) pairs visited: with the
+    tiles a mask hides skipped it is FA1's block-sparse count (Proposition 4, Algorithm 5: K_j,
+    V_j still read once, Q_i, O_i, l_i, m_i only for the tiles computed).
     """
     if block_k is None:
         if M is None:
@@ -98,10 +102,10 @@ def hbm_bytes_flash(
         block_k = fa1_blocks(M, d)[1]
     t = N if n_q is None else n_q
     n = N
-    t_c = math.ceil(n / block_k)
-    elems = t * (d + 2) + 2 * n * d + t_c * t * (3 * d + 4)
+    visits = math.ceil(n / block_k) * t if row_visits is None else row_visits
+    elems = t * (d + 2) + 2 * n * d + visits * (3 * d + 4)
     if backward:
-        elems += t * d + 6 * n * d + t_c * t * (5 * d + 2)
+        elems += t * d + 6 * n * d + visits * (5 * d + 2)
     return elems * heads * batch * dtype_bytes
 
 

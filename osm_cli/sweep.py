@@ -1,9 +1,10 @@
 """What the block size buys: one run per block size, beside the FA1 cost model (costmodel.py).
 
 `sweep(blocks, run, ...)` takes any `run(block) -> Measure`: `score_runner(scores)` runs online
-softmax over a score matrix; an attention runner (Q/K/V through attention.py) plugs in the same
-way. Per block size it reports the measured error and rescale count next to the modelled per-tile
-working set and HBM traffic of tiled vs standard attention.
+softmax over a score matrix; `attention_runner(q, k, v)` runs attention.py's tiled forward with
+block_k = the block size. Per block size it reports the measured error and rescale count next to
+the modelled per-tile working set and HBM traffic of tiled vs standard attention (and, when a
+mask skips tiles, FA1's block-sparse traffic of the tiles actually computed).
 Leaves out: files, printing, plotting.
 
 Example: sweep([2, 4], score_runner(np.array([[1., 2., 5., 3.]])), n_q=1, n_k=4, d=64).rows[0]
@@ -31,6 +32,7 @@ class Measure:
     rescales: int  # steps where a row's running max moved and its old state was scaled down
     tiles: int  # tiles of block_q rows × block keys
     skipped: int  # of which every score is masked (-inf): a kernel with the mask skips them
+    row_visits: int | None = None  # (query row, key tile) pairs computed, per head; None: all
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class SweepRow:
     tile_bytes: int  # on-chip working set of one tile step
     fits: bool  # tile_bytes ≤ the SRAM size
     hbm_flash: int  # modelled HBM bytes of the tiled forward with this block_k
+    hbm_skipping: int | None = None  # the same, skipping masked tiles (FA1 Prop. 4)
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,12 @@ def sweep(
     rows = []
     for b in blocks:
         tb = tile_bytes(block_q, b, d, dtype_bytes)
-        flash = hbm_bytes_flash(n_k, d, None, heads, batch, dtype_bytes, block_k=b, n_q=n_q)
-        rows.append(SweepRow(b, run(b), tb, tb <= sram_bytes, flash))
+        model = dict(heads=heads, batch=batch, dtype_bytes=dtype_bytes, block_k=b, n_q=n_q)
+        flash = hbm_bytes_flash(n_k, d, **model)
+        m = run(b)
+        sparse = None if m.row_visits is None else hbm_bytes_flash(
+            n_k, d, **model, row_visits=m.row_visits)
+        rows.append(SweepRow(b, m, tb, tb <= sram_bytes, flash, sparse))
     standard = hbm_bytes_standard(n_k, d, heads, batch, dtype_bytes, n_q=n_q)
     return Sweep(
         tuple(rows), n_q, n_k, d, heads, batch, dtype_bytes, sram_bytes, block_q, standard,
@@ -113,4 +120,36 @@ def score_runner(
     return run
 
 
-__all__ = ["Measure", "Sweep", "SweepRow", "score_runner", "sweep"]
+def attention_runner(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int | None = None,
+    accum=np.float64, **kwargs,
+) -> Callable[[int], Measure]:
+    """run(block): attention.attention with block_k = block (block_q fixed) over all of Q/K/V,
+    the state in `accum`, against the float64 one-shot reference, computed once here.
+
+    kwargs are attention's mask, scale and layout keywords (causal, causal_align, window, mask,
+    scale, layout). max_error is max |O − ref|; tiles and skipped count (Q tile, K/V tile) pairs
+    per head, as attention does; row_visits comes from tilemap.skip_map (the same skip rule).
+    """
+    from .attention import as_bhnd, attention, errors, reference
+    from .tilemap import row_visits, skip_map
+
+    ref_out, ref_lse = reference(q, k, v, **kwargs)
+    t = as_bhnd(np.asarray(q), kwargs.get("layout", "bhnd"), "Q").shape[2]
+    map_kw = {key: kwargs[key] for key in ("causal", "causal_align", "window", "mask", "layout")
+              if key in kwargs}
+
+    def run(block: int) -> Measure:
+        res = attention(q, k, v, block_q=block_q, block_k=block, accum=accum, trace_at=None,
+                        **kwargs)
+        err = errors(res, ref_out, ref_lse)
+        skip = skip_map(q, k, block_q=res.block_q, block_k=block, **map_kw)
+        return Measure(
+            err["max_abs_err"], err["max_lse_err"], res.rescales, res.extra["tiles_total"],
+            res.tiles_skipped, row_visits(skip, t, res.block_q),
+        )
+
+    return run
+
+
+__all__ = ["Measure", "Sweep", "SweepRow", "attention_runner", "score_runner", "sweep"]

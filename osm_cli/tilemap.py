@@ -1,0 +1,120 @@
+"""Tile maps: which (Q tile, K/V tile) pairs the tiled forward skips, and one head's probability
+matrix to draw them over.
+
+attention.py decides tile by tile whether to skip: when the causal band or the window hides the
+whole tile, or the user's mask hides it for every batch and head. `skip_map` applies that same
+rule to every tile at once, so a picture (plot.py) or the block-sparse cost model (FA1 Prop. 4,
+sweep.py) can use it without running the forward. `head_probabilities` computes one head's
+softmax(scale·QKᵀ + mask) in chunks of query rows, normalised over every key, keeping at most
+rows × cols entries: the t × s matrix is never held. Leaves out: drawing, the forward itself.
+
+Example: skip_map(q, k, block_q=4, block_k=2, causal=True) for t = s = 8 ->
+    [[F, F, T, T], [F, F, F, F]]  (2 of 8 tiles skipped)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import _all_masked, _broadcast_mask, as_bhnd, check_inputs, make_band
+from .errors import InputError
+from .reference import stable_softmax
+
+
+def _shapes(q, k, layout):
+    q4, k4 = as_bhnd(np.asarray(q), layout, "Q"), as_bhnd(np.asarray(k), layout, "K")
+    return q4, k4
+
+
+def skip_map(
+    q, k, *, block_q: int, block_k: int, causal: bool = False,
+    causal_align: str = "bottom-right", window=None, mask=None, layout: str = "bhnd",
+) -> np.ndarray:
+    """(n_q, n_k) booleans, True where attention.attention skips tile (i, j) (forward order)."""
+    q4, k4 = _shapes(q, k, layout)
+    b, hq, t, _ = q4.shape
+    s = k4.shape[2]
+    if block_q < 1 or block_k < 1:
+        raise InputError(f"block sizes must be positive (block_q {block_q}, block_k {block_k})")
+    band = make_band(t, s, causal, causal_align, window)
+    um = None if mask is None else _broadcast_mask(np.asarray(mask), (b, hq, t, s))
+    n_q, n_k = -(-t // block_q), -(-s // block_k)
+    skip = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        i0, i1 = i * block_q, min(t, (i + 1) * block_q)
+        for j in range(n_k):
+            j0, j1 = j * block_k, min(s, (j + 1) * block_k)
+            if band is not None and band.tile(i0, i1, j0, j1) == "skip":
+                skip[i, j] = True
+            elif um is not None and _all_masked(um[..., i0:i1, j0:j1]):
+                skip[i, j] = True
+    return skip
+
+
+def row_visits(skip: np.ndarray, t: int, block_q: int) -> int:
+    """Σ over computed tiles of their query rows: the (row, K/V tile) pairs a kernel visits.
+
+    Without skipping this is T_c·t, the count in FA1's tiled traffic; with skipped tiles it is
+    the block-sparse count of FA1 Proposition 4. Example: row_visits([[F, F, T, T], [F, F, F, F]],
+    8, 4) = 2·4 + 4·4 = 24 (of 32).
+    """
+    skip = np.asarray(skip, dtype=bool)
+    rows = np.minimum(block_q, t - block_q * np.arange(skip.shape[0]))
+    return int(((~skip).sum(axis=1) * rows).sum())
+
+
+@dataclass(frozen=True)
+class HeadMap:
+    """One head's probabilities over the first rows × cols (query, key) pairs."""
+
+    p: np.ndarray  # (rows, cols) float64, each row normalised over all s keys
+    masked: np.ndarray  # (rows, cols) True where the score is -inf (mask, band or window)
+    skip: np.ndarray  # (n_q, n_k) skip_map of the whole head
+    batch: int
+    head: int
+    t: int  # queries and keys of the whole head
+    s: int
+    block_q: int
+    block_k: int
+
+
+def head_probabilities(
+    q, k, *, batch: int = 0, head: int = 0, rows: int = 512, cols: int = 512,
+    block_q: int, block_k: int, scale: float | None = None, causal: bool = False,
+    causal_align: str = "bottom-right", window=None, mask=None, layout: str = "bhnd",
+) -> HeadMap:
+    """softmax(scale·Q Kᵀ + mask) of query head `head` (its kv head by GQA), the first `rows`
+    queries by the first `cols` keys, in float64, a chunk of rows at a time."""
+    q4, k4 = _shapes(q, k, layout)
+    check_inputs(q4, k4, k4)
+    b, hq, t, d = q4.shape
+    hk, s = k4.shape[1], k4.shape[2]
+    if not (0 <= batch < b and 0 <= head < hq):
+        raise InputError(f"batch {batch}, head {head} is outside Q's (B, H) = ({b}, {hq})")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    band = make_band(t, s, causal, causal_align, window)
+    um = None if mask is None else _broadcast_mask(np.asarray(mask), (b, hq, t, s))
+    kT = np.asarray(k4[batch, head // (hq // hk)], dtype=np.float64).T
+    nr, nc = min(rows, t), min(cols, s)
+    p = np.zeros((nr, nc))
+    masked = np.ones((nr, nc), dtype=bool)
+    chunk = max(1, (1 << 22) // max(1, s))
+    for i0 in range(0, nr, chunk):
+        i1 = min(nr, i0 + chunk)
+        sc = (np.asarray(q4[batch, head, i0:i1], dtype=np.float64) * scale) @ kT
+        if band is not None:
+            sc = np.where(band.visible(i0, i1, 0, s), sc, -np.inf)
+        if um is not None:
+            mk = um[batch, head, i0:i1]
+            sc = np.where(mk, sc, -np.inf) if mk.dtype.kind == "b" else sc + mk
+        p[i0:i1] = stable_softmax(sc)[:, :nc]
+        masked[i0:i1] = np.isneginf(sc[:, :nc])
+    skip = skip_map(q, k, block_q=block_q, block_k=block_k, causal=causal,
+                    causal_align=causal_align, window=window, mask=mask, layout=layout)
+    return HeadMap(p, masked, skip, batch, head, t, s, block_q, block_k)
+
+
+__all__ = ["HeadMap", "head_probabilities", "row_visits", "skip_map"]
