@@ -1,9 +1,10 @@
-"""Step records as CSV text: the same rows the step table shows, at full precision.
+"""Step records as CSV text: the same rows the step tables show, at full precision.
 
 Floats are written with repr (the shortest text that reads back to the same float64); infinities
 as inf / -inf, which Python, numpy and pandas read back. Leaves out: writing the file (io.py).
 
 Example: steps_csv([trace]) -> "form,block,start,stop,block_max,m_prev,m,alpha,l_prev,l,...\\n"
+         tiles_csv(attention_result) -> "batch,head,query,step,tile,start,stop,skipped,...\\n"
 """
 
 from __future__ import annotations
@@ -41,4 +42,30 @@ def steps_csv(traces) -> str:
     return buf.getvalue()
 
 
-__all__ = ["COLUMNS", "steps_csv"]
+TILE_COLUMNS = (
+    "batch", "head", "query", "step", "tile", "start", "stop", "skipped", "tile_max", "m_prev",
+    "m", "alpha", "l_prev", "l", "rescaled", "o_norm",
+)
+
+
+def tiles_csv(res) -> str:
+    """One line per K/V tile of attention's traced row (attention.TileStep records), in the
+    order the tiles were visited. o_0, o_1, … are the first components of the unnormalised O
+    after the tile; rescaled: the row's finite running max moved, so its state was scaled by α.
+    A skipped tile (the mask hides it) has tile_max -inf and leaves the state as it was.
+    """
+    shown = max((len(s.o) for s in res.trace), default=0)
+    buf = _io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))])
+    b, h, i = res.traced
+    for n, s in enumerate(res.trace):
+        rescaled = s.m != s.m_prev and s.m_prev != float("-inf")
+        w.writerow([_cell(x) for x in (
+            b, h, i, n, s.tile, s.start, s.stop, bool(s.skipped), s.tile_max, s.m_prev, s.m,
+            s.alpha, s.l_prev, s.l, bool(rescaled), s.o_norm, *(float(x) for x in s.o),
+        )])
+    return buf.getvalue()
+
+
+__all__ = ["COLUMNS", "TILE_COLUMNS", "steps_csv", "tiles_csv"]

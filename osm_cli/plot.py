@@ -17,6 +17,7 @@ from .errors import OsmError
 DPI = 100
 TRACE_SIZE = (9.0, 7.5)  # inches: 900 × 750 pixels
 SWEEP_SIZE = (9.0, 7.5)
+HEATMAP_SIZE = (9.0, 8.0)  # 900 × 800 pixels
 INSTALL = "--plot needs matplotlib: pip install 'osm-cli[plot]'"
 
 
@@ -94,7 +95,7 @@ def trace_png(trace, title: str, eager=None, threshold: float = 0.0) -> bytes:
     return _png(fig)
 
 
-def sweep_png(result, title: str) -> bytes:
+def sweep_png(result, title: str, error: str = "max |p − reference|") -> bytes:
     """Error, rescale count and modelled HBM traffic against the block size."""
     fig = _figure(SWEEP_SIZE)
     ax_e, ax_r, ax_h = fig.subplots(3, 1, sharex=True)
@@ -103,12 +104,17 @@ def sweep_png(result, title: str) -> bytes:
     ax_e.plot(b, np.where(err > 0, err, np.nan), "o-", color="tab:red")
     if (err > 0).any():
         ax_e.set_yscale("log")
-    ax_e.set_ylabel("max |p − reference|")
+    ax_e.set_ylabel(error)
     ax_r.plot(b, [r.measure.rescales for r in result.rows], "o-", color="tab:orange")
     ax_r.set_ylabel("rescales")
     ax_h.plot(b, [r.hbm_flash for r in result.rows], "o-", color="tab:blue",
               label="tiled (model)")
     ax_h.axhline(result.hbm_standard, color="tab:gray", ls="--", label="standard (model)")
+    sparse = [(r.block, r.hbm_skipping) for r in result.rows
+              if r.hbm_skipping is not None and r.measure.skipped]
+    if sparse:
+        ax_h.plot(*zip(*sparse, strict=True), "s--", color="tab:green",
+                  label="tiled, skipped tiles left out (model)")
     over = [(r.block, r.hbm_flash) for r in result.rows if not r.fits]
     if over:
         ax_h.plot(*zip(*over, strict=True), "x", color="tab:red", ms=12, mew=2,
@@ -123,4 +129,65 @@ def sweep_png(result, title: str) -> bytes:
     return _png(fig)
 
 
-__all__ = ["INSTALL", "require_matplotlib", "sweep_png", "trace_png"]
+def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
+    """One head's probability matrix (tilemap.HeadMap) as a heatmap, the tile grid drawn over it
+    and the tiles attention skipped shaded; masked entries (score -inf) are white.
+    """
+    fig = _figure(HEATMAP_SIZE)
+    ax = fig.subplots()
+    rows, cols = hm.p.shape
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+
+    positive = hm.p[(hm.p > 0) & ~hm.masked]
+    top = float(positive.max()) if positive.size else 1.0
+    # a log scale, as attention rows span orders of magnitude; below 1e-6 of the top is one colour
+    floor = min(max(float(positive.min()) if positive.size else 0.0, top * 1e-6), top / 10)
+    norm = LogNorm(vmin=floor, vmax=top, clip=True)
+    cmap = colormaps["viridis"].with_extremes(bad="white")
+    extent = (-0.5, cols - 0.5, rows - 0.5, -0.5)
+    img = ax.imshow(np.ma.masked_array(np.maximum(hm.p, floor), mask=hm.masked), cmap=cmap,
+                    norm=norm, interpolation="nearest", aspect="auto", extent=extent)
+    fig.colorbar(img, ax=ax, shrink=0.8,
+                 label="p = softmax of the row over all keys (log scale)")
+    # skipped tiles: a translucent grey layer, one cell per (query, key) so any size is fast
+    n_q, n_k = hm.skip.shape
+    qi = np.minimum(np.arange(rows) // hm.block_q, n_q - 1)
+    kj = np.minimum(np.arange(cols) // hm.block_k, n_k - 1)
+    if n_q and n_k:
+        layer = hm.skip[np.ix_(qi, kj)]
+        grey = np.zeros((rows, cols, 4))
+        grey[layer] = (0.35, 0.35, 0.35, 0.6)
+        ax.imshow(grey, interpolation="nearest", aspect="auto", extent=extent)
+    lines_q = np.arange(hm.block_q, rows, hm.block_q) - 0.5
+    lines_k = np.arange(hm.block_k, cols, hm.block_k) - 0.5
+    width = 0.9 if max(len(lines_q), len(lines_k)) <= 32 else 0.3
+    for y in lines_q:
+        ax.axhline(y, color="tab:red", lw=width)
+    for x in lines_k:
+        ax.axvline(x, color="tab:red", lw=width)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+
+    handles = [Line2D([], [], color="tab:red", lw=1,
+                      label=f"tile grid: block_q {hm.block_q} × block_k {hm.block_k}"),
+               Patch(color=(0.35, 0.35, 0.35, 0.6),
+                     label=f"skipped tile, not computed ({int(hm.skip.sum())} of the head's "
+                     f"{hm.skip.size})"),
+               Patch(facecolor="white", edgecolor="black", label="masked score (p = 0)")]
+    if traced_query is not None and traced_query < rows:
+        ax.add_patch(Rectangle((-0.5, traced_query - 0.5), cols, 1, fill=False,
+                               edgecolor="tab:orange", lw=2))
+        handles.append(Patch(facecolor="none", edgecolor="tab:orange", lw=2,
+                             label=f"traced query {traced_query}"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2,
+              fontsize="small")
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    ax.set_title(title)
+    return _png(fig)
+
+
+__all__ = [
+    "INSTALL", "attention_png", "require_matplotlib", "sweep_png", "trace_png",
+]
