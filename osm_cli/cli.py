@@ -94,15 +94,12 @@ def trace(
         "--rescale-threshold", min=0.0, metavar="TAU",
         help="Lazy rescale (FA4): move m only when a block max exceeds it by more than TAU, in "
         "natural-log units (FA4's 8 in log2 is 5.545). Rescale form only.")] = 0.0,
-    csv: Annotated[Path | None, typer.Option(
-        "--csv", metavar="FILE", help="Also write the step table to FILE as CSV.")] = None,
+    csv: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png",
         help="Also draw m, l and α per block to a PNG (needs: pip install 'osm-cli[plot]')."),
     ] = None,
-    step: Annotated[bool, typer.Option(
-        "--step", help="In a terminal, show one block at a time (Enter or space: next, q: quit).")
-    ] = False,
+    step: StepOpt = False,
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
 ):
@@ -208,25 +205,46 @@ def _step_mode(step: bool, heads, traces, show_all: bool) -> bool:
 
     False when the user quit early (the rest of the report is then left out).
     """
-    from . import stepmode
-
-    if step and stepmode.interactive(sys.stdin, sys.stdout):
-        getkey = stepmode.buffered(_getkey)
+    if _step_interactive(step):
+        getkey = _step_keys()
         for tr in traces:
-            n = len(tr.steps)
-            shown = stepmode.step_through(
-                out, lambda k, tr=tr: render.step_frame(heads, tr, k, out.width), n, getkey)
-            if shown < n:
-                err.print(f"stopped at block {shown} of {n}")
+            frame = functools.partial(render.step_frame, heads, tr, width=out.width)
+            if not _step_frames(frame, len(tr.steps), "block", getkey):
                 return False
         return True
-    if step:
-        which = "output" if not sys.stdout.isatty() else "input"
-        err.print(f"--step: standard {which} is not a terminal; showing the whole table")
     for h in heads:
         out.print(h)
     for tr in traces:
         out.print(render.step_table(tr, show_all, out.width))
+    return True
+
+
+def _step_interactive(step: bool) -> bool:
+    """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
+    from . import stepmode
+
+    if step and stepmode.interactive(sys.stdin, sys.stdout):
+        return True
+    if step:
+        which = "output" if not sys.stdout.isatty() else "input"
+        err.print(f"--step: standard {which} is not a terminal; showing the whole table")
+    return False
+
+
+def _step_keys():
+    from . import stepmode
+
+    return stepmode.buffered(_getkey)
+
+
+def _step_frames(frame, count: int, unit: str, getkey) -> bool:
+    """Show frame(k) one key press at a time; False (and a note) when the user quit early."""
+    from . import stepmode
+
+    shown = stepmode.step_through(out, frame, count, getkey)
+    if shown < count:
+        err.print(f"stopped at {unit} {shown} of {count}")
+        return False
     return True
 
 
@@ -375,6 +393,17 @@ PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
     "before P·V; the default) or naive (everything in the dtype).")]
 AccumOpt = Annotated[AccumDtype | None, typer.Option(
     "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
+# Options shared by trace and attention.
+CsvOpt = Annotated[Path | None, typer.Option(
+    "--csv", metavar="FILE", help="Also write the step table to FILE as CSV.")]
+StepOpt = Annotated[bool, typer.Option(
+    "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
+    "space: next, q: quit).")]
+PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of the head
+# attention's tile size options, shared with sweep (where --block-k is the swept size).
+BlockQOpt = Annotated[
+    int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
+]
 
 
 def _mask_kwargs(causal, causal_align, window, mask, scale, layout) -> dict:
@@ -399,9 +428,7 @@ def attention(
     window: WindowOpt = None,
     mask: MaskOpt = None,
     scale: ScaleOpt = None,
-    block_q: Annotated[
-        int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
-    ] = None,
+    block_q: BlockQOpt = None,
     block_k: Annotated[
         int | None, typer.Option("--block-k", min=1,
                                  help="Keys per tile (default 128 for d <= 64, else 64).")
@@ -439,6 +466,12 @@ def attention(
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
     accum: AccumOpt = None,
+    csv: CsvOpt = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", metavar="FILE.png", help="Also draw the traced head's probability matrix (the "
+        f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs: "
+        "pip install 'osm-cli[plot]').")] = None,
+    step: StepOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
@@ -459,6 +492,13 @@ def attention(
     q, k, v = io.load_qkv(files)
     kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
     lab, (q, k, v), notes = _lab(dtype, precision, accum, q, k, v)
+    if lab is not None and lab.precision == "naive" and (csv or plot or step):
+        raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
+                       "naive is one-shot attention")
+    if plot is not None:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
     run_kw = dict(block_q=block_q, block_k=block_k, masked_lse=masked_lse.value, form=form.value,
                   trace_at=(batch, head, query), threshold=rescale_threshold, **kwargs)
     run_kw.update(_lab_kwargs(lab, splits))
@@ -482,6 +522,7 @@ def attention(
         io.save_npy(Path(out_path), _storable(lab, res.out))
     if lse_path:
         io.save_npy(Path(lse_path), res.lse)
+    _attention_files(csv, plot, res, q, k, kwargs, files)
     if as_json:
         doc = att.summary(res, errors, ref_row)
         doc.update(_precision_doc(lab, notes, verdict))
@@ -491,12 +532,47 @@ def attention(
             doc["splits_max_lse_diff"] = split_run.max_lse_diff
         emit_json(doc)
         return
-    out.print(render.attention_summary(res, errors))
+    heads = [render.attention_summary(res, errors)]
     if lab is not None:
-        out.print(render.precision_summary(lab, notes, verdict))
-    out.print(render.attention_trace(res, ref_row, out.width, show_all))
+        heads.append(render.precision_summary(lab, notes, verdict))
+    if _step_interactive(step) and res.trace:
+        frame = functools.partial(render.attention_step_frame, heads, res, width=out.width)
+        if not _step_frames(frame, len(res.trace), "tile", _step_keys()):
+            return
+        out.print(render.attention_output(res, ref_row, show_all))
+    else:
+        for h in heads:
+            out.print(h)
+        out.print(render.attention_trace(res, ref_row, out.width, show_all))
     if split_run is not None:
         out.print(render.split_table(split_run))
+
+
+
+def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
+    """attention --csv and --plot: the traced row's tile table and the traced head's picture."""
+    if csv is not None:
+        from .export import tiles_csv
+
+        io.save_text(csv, tiles_csv(res))
+        err.print(f"wrote {csv} (tile table of the traced row, CSV)", markup=False,
+                  soft_wrap=True)
+    if plot is not None:
+        from .plot import attention_png
+        from .tilemap import head_probabilities
+
+        b, h, i = res.traced
+        hm = head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
+                                block_q=res.block_q, block_k=res.block_k, **kwargs)
+        rows, cols = hm.p.shape
+        name = files[0] if len(files) == 1 else ", ".join(Path(f).name for f in files)
+        title = f"{name}: P = softmax(scale·QKᵀ) of batch {b}, head {h}"
+        if (rows, cols) != (hm.t, hm.s):
+            title += (f"\nshowing the first {rows} of {hm.t} queries × the first {cols} of "
+                      f"{hm.s} keys")
+        io.save_bytes(plot, attention_png(hm, title, i))
+        err.print(f"wrote {plot} (probability matrix of batch {b}, head {h} with its tiles, PNG)",
+                  markup=False, soft_wrap=True)
 
 
 class _progress:
@@ -665,26 +741,34 @@ def _size(text: str) -> int:
 @app.command()
 @guarded
 def sweep(
-    scores: Annotated[str | None, typer.Argument(
-        help="Scores: text, .csv, .npy/.npz file, or '-' for standard input.")] = None,
+    files: Annotated[list[str] | None, typer.Argument(
+        help="Scores (text, .csv, .npy/.npz file, or '-' for standard input), or Q K V as three "
+        ".npy files or one .npz holding q, k, v.", metavar="SCORES | Q K V")] = None,
     values: Annotated[
         str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
     ] = None,
     blocks: Annotated[str, typer.Option(
-        "--blocks", callback=_block_list, help="Block sizes (keys per block), comma separated.")
+        "--blocks", callback=_block_list, help="Block sizes (keys per block; block_k for Q/K/V), "
+        "comma separated.")
     ] = "16,32,64,128,256",
     sram: Annotated[str, typer.Option(
         "--sram", callback=_size, help="SRAM for the model: 192KiB (A100), 228KiB (H100); "
         "KiB/MiB 1024-based, KB/MB 1000-based.")] = "192KiB",
-    head_dim: Annotated[int, typer.Option(
-        "--head-dim", "-d", min=1, help="Head dim d for the model (scores carry none).")] = 64,
-    block_q: Annotated[int, typer.Option(
-        "--block-q", min=1, help="Query rows per tile, for the working set.")] = 128,
+    head_dim: Annotated[int | None, typer.Option(
+        "--head-dim", "-d", min=1, help="Head dim d for the model of scores (default 64; Q/K/V "
+        "carry their own).")] = None,
+    block_q: BlockQOpt = None,
     dtype_bytes: Annotated[int, typer.Option(
         "--dtype-bytes", min=1, help="Bytes per element in HBM and SRAM (2: fp16/bf16).")] = 2,
     accum: Annotated[AccumDtype, typer.Option(
-        "--accum", help="Hold the scores and the state (m, l) in this dtype; the reference is "
+        "--accum", help="Hold the scores (Q/K/V) and the state in this dtype; the reference is "
         "float64.")] = AccumDtype.float64,
+    causal: CausalOpt = False,
+    causal_align: CausalAlignOpt = Align.bottom_right,
+    window: WindowOpt = None,
+    mask: MaskOpt = None,
+    scale: ScaleOpt = None,
+    layout: LayoutOpt = Layout.bhnd,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
@@ -692,27 +776,48 @@ def sweep(
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
 
-    Per block size: online softmax over every row, its max error against the one-shot float64
-    reference and its rescale count, beside the FA1 cost model (Theorem 2): the bytes one tile
-    holds on chip and the HBM traffic of tiled vs standard attention for this many rows and keys.
+    Per block size: online softmax over every row (or, for Q/K/V, the tiled attention forward
+    with that block_k), its max error against the one-shot float64 reference and its rescale
+    count, beside the FA1 cost model (Theorem 2): the bytes one tile holds on chip and the HBM
+    traffic of tiled vs standard attention for this many rows and keys.
 
     \b
     Examples:
       osm sweep samples/matrix.txt --blocks 1,2,4
       osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
+      osm sweep q.npy k.npy v.npy --blocks 16,32,64,128,256 --sram 192KiB --causal
     """
     from .sweep import score_runner
     from .sweep import sweep as run_sweep
 
+    files = files or []
     if plot is not None:
         from .plot import require_matplotlib
 
         require_matplotlib()
-    s, name = io.load_scores(scores, values)
+    qkv = _qkv_given(files)
+    mask_opts = (causal, window is not None, mask is not None, scale is not None,
+                 layout is not Layout.bhnd, causal_align is not Align.bottom_right)
+    if qkv:
+        if values is not None or head_dim is not None:
+            raise OsmError("--values and --head-dim are for scores; Q/K/V carry their own keys "
+                           "and head dim")
+        kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
+        return _sweep_qkv(files, kwargs, blocks, sram, block_q, dtype_bytes, accum, plot,
+                          as_json)
+    if len(files) > 1:
+        raise OsmError(f"sweep takes SCORES, or Q K V (three .npy files or one .npz with q, k, "
+                       f"v); got {len(files)} files")
+    if any(mask_opts):
+        raise OsmError("--causal, --causal-align, --window, --mask, --scale and --layout are for "
+                       "Q/K/V; scores carry their mask as -inf")
+    bq = 128 if block_q is None else block_q
+    d = 64 if head_dim is None else head_dim
+    s, name = io.load_scores(files[0] if files else None, values)
     rows = np.atleast_2d(s)
-    runner = score_runner(rows, np.dtype(accum.value), block_q)
-    res = run_sweep(blocks, runner, n_q=rows.shape[0], n_k=rows.shape[1], d=head_dim,
-                    dtype_bytes=dtype_bytes, sram_bytes=sram, block_q=block_q)
+    runner = score_runner(rows, np.dtype(accum.value), bq)
+    res = run_sweep(blocks, runner, n_q=rows.shape[0], n_k=rows.shape[1], d=d,
+                    dtype_bytes=dtype_bytes, sram_bytes=sram, block_q=bq)
     if plot is not None:
         from .plot import sweep_png
 
@@ -725,6 +830,58 @@ def sweep(
     out.print(render.sweep_table(res, name))
 
 
+def _qkv_given(files) -> bool:
+    """Three files, or one .npz holding q, k and v: a Q/K/V sweep (else scores)."""
+    if len(files) == 3:
+        return True
+    if len(files) != 1 or not files[0].lower().endswith(".npz") or not Path(files[0]).is_file():
+        return False
+    try:
+        with np.load(files[0], allow_pickle=False) as z:
+            return {"q", "k", "v"} <= set(z.files)
+    except Exception:  # not a readable .npz: the scores path reports it
+        return False
+
+
+def _sweep_qkv(files, kwargs, blocks, sram, block_q, dtype_bytes, accum, plot, as_json) -> None:
+    """osm sweep Q K V: attention.py's tiled forward at each block_k, the reference once."""
+    from .attention import as_bhnd
+    from .sweep import attention_runner
+    from .sweep import sweep as run_sweep
+
+    q, k, v = io.load_qkv(files)
+    lay = kwargs["layout"]
+    (b, hq, t, d), s = as_bhnd(q, lay, "Q").shape, as_bhnd(k, lay, "K").shape[2]
+    bq = 128 if block_q is None else block_q
+    runner = attention_runner(q, k, v, block_q=bq, accum=np.dtype(accum.value), **kwargs)
+    res = run_sweep(blocks, runner, n_q=t, n_k=s, d=d, heads=hq, batch=b,
+                    dtype_bytes=dtype_bytes, sram_bytes=sram, block_q=bq)
+    name = files[0] if len(files) == 1 else " ".join(files)
+    masks = [f"causal ({kwargs['causal_align']})"] if kwargs["causal"] else []
+    masks += [] if kwargs["window"] is None else ["window {},{}".format(*kwargs["window"])]
+    masks += [] if kwargs["mask"] is None else ["--mask"]
+    about = (f"Q {tuple(q.shape)}  K {tuple(k.shape)}  V {tuple(v.shape)}, "
+             f"{', '.join(masks) or 'no mask'}\nB = {b}, H = {hq}, {t} queries × {s} keys per "
+             f"head: the tiled forward at each block_k (state in {accum.value})")
+    if plot is not None:
+        from .plot import sweep_png
+
+        title = f"{name}: block_k sweep of attention (state in {accum.value})"
+        io.save_bytes(plot, sweep_png(res, title, "max |O − reference|"))
+        err.print(f"wrote {plot} (error, rescales and HBM traffic vs block size, PNG)",
+                  markup=False)
+    if as_json:
+        doc = _sweep_json(res, name, accum.value)
+        doc.update(shape_q=list(q.shape), shape_k=list(k.shape), shape_v=list(v.shape),
+                   batch=b, heads=hq, causal=kwargs["causal"],
+                   causal_align=kwargs["causal_align"],
+                   window=None if kwargs["window"] is None else list(kwargs["window"]),
+                   mask=kwargs["mask"] is not None, error_of="O")
+        emit_json(doc)
+        return
+    out.print(render.sweep_table(res, name, about))
+
+
 def _sweep_json(res, name: str, accum: str) -> dict:
     return {
         "source": name, "accum": accum, "rows": res.n_q, "keys": res.n_k, "d": res.d,
@@ -735,7 +892,10 @@ def _sweep_json(res, name: str, accum: str) -> dict:
             {"block": r.block, "tiles": r.measure.tiles, "masked_tiles": r.measure.skipped,
              "rescales": r.measure.rescales, "max_abs_error": r.measure.max_error,
              "max_lse_error": r.measure.lse_error, "tile_bytes": r.tile_bytes, "fits": r.fits,
-             "hbm_flash": r.hbm_flash}
+             "hbm_flash": r.hbm_flash,
+             **({} if r.hbm_skipping is None else {
+                 "tiles_computed": r.measure.tiles - r.measure.skipped,
+                 "row_visits": r.measure.row_visits, "hbm_flash_skipping": r.hbm_skipping})}
             for r in res.rows
         ],
     }

@@ -1,9 +1,13 @@
-"""Shared fixtures: a CliRunner, a fixed-width colourless renderer, strict JSON parsing."""
+"""Shared fixtures: a CliRunner, a fixed-width colourless renderer, strict JSON parsing, and a
+private tmux server for the step-mode tests (a real terminal)."""
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -58,3 +62,19 @@ def samples() -> Path:
 def _in_root(monkeypatch):
     """Run from the repository root so samples/... paths resolve as in the README."""
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def tmux():
+    """tmux(*args) on a private server, killed afterwards; skips when tmux is not installed."""
+    exe = shutil.which("tmux")
+    if exe is None:
+        pytest.skip("tmux is not installed; step mode needs a real terminal to test")
+    sock = f"osm-test-{uuid.uuid4().hex[:8]}"
+
+    def cmd(*args, check=True):
+        return subprocess.run([exe, "-L", sock, *args], capture_output=True, text=True,
+                              check=check, timeout=20)
+
+    yield cmd
+    cmd("kill-server", check=False)

@@ -9,12 +9,9 @@ from __future__ import annotations
 import csv
 import io
 import math
-import shutil
 import struct
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -284,21 +281,6 @@ def test_buffered_keys():
     reads = ["x ", "\x1b[A", "\r", ""]
     get = stepmode.buffered(lambda: reads.pop(0))
     assert [get() for _ in range(5)] == ["x", " ", "", "\r", "q"]
-
-
-@pytest.fixture
-def tmux():
-    exe = shutil.which("tmux")
-    if exe is None:
-        pytest.skip("tmux is not installed; step mode needs a real terminal to test")
-    sock = f"osm-test-{uuid.uuid4().hex[:8]}"
-
-    def cmd(*args, check=True):
-        return subprocess.run([exe, "-L", sock, *args], capture_output=True, text=True,
-                              check=check, timeout=20)
-
-    yield cmd
-    cmd("kill-server", check=False)
 
 
 def _wait_for(tmux, text, timeout=15.0) -> str:
