@@ -550,13 +550,11 @@ def attention(
 
 
 def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
-    """attention --csv and --plot: the traced row's tile table and the traced head's picture."""
-    if csv is not None:
-        from .export import tiles_csv
+    """attention --csv and --plot: the traced row's tile table and the traced head's picture.
 
-        io.save_text(csv, tiles_csv(res))
-        err.print(f"wrote {csv} (tile table of the traced row, CSV)", markup=False,
-                  soft_wrap=True)
+    The picture is drawn before either file is written, so a head it cannot draw leaves none.
+    """
+    png = None
     if plot is not None:
         from .plot import attention_png
         from .tilemap import head_probabilities
@@ -565,12 +563,24 @@ def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
         hm = head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
                                 block_q=res.block_q, block_k=res.block_k, **kwargs)
         rows, cols = hm.p.shape
+        if not rows or not cols:
+            raise OsmError(f"--plot: head {h} has {hm.t} queries and {hm.s} keys; there is no "
+                           "probability matrix to draw")
         name = files[0] if len(files) == 1 else ", ".join(Path(f).name for f in files)
         title = f"{name}: P = softmax(scale·QKᵀ) of batch {b}, head {h}"
         if (rows, cols) != (hm.t, hm.s):
             title += (f"\nshowing the first {rows} of {hm.t} queries × the first {cols} of "
                       f"{hm.s} keys")
-        io.save_bytes(plot, attention_png(hm, title, i))
+        png = attention_png(hm, title, i)
+    if csv is not None:
+        from .export import tiles_csv
+
+        io.save_text(csv, tiles_csv(res))
+        err.print(f"wrote {csv} (tile table of the traced row, CSV)", markup=False,
+                  soft_wrap=True)
+    if png is not None:
+        b, h, _ = res.traced
+        io.save_bytes(plot, png)
         err.print(f"wrote {plot} (probability matrix of batch {b}, head {h} with its tiles, PNG)",
                   markup=False, soft_wrap=True)
 

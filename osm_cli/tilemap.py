@@ -102,7 +102,7 @@ def head_probabilities(
     p = np.zeros((nr, nc))
     masked = np.ones((nr, nc), dtype=bool)
     chunk = max(1, (1 << 22) // max(1, s))
-    for i0 in range(0, nr, chunk):
+    for i0 in range(0, nr if s else 0, chunk):  # no keys: nothing to normalise over
         i1 = min(nr, i0 + chunk)
         sc = (np.asarray(q4[batch, head, i0:i1], dtype=np.float64) * scale) @ kT
         if band is not None:

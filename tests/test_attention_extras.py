@@ -228,6 +228,20 @@ def test_plot_title_and_limit(runner, tmp_path, monkeypatch):
     assert (tmp_path / "x.png").read_bytes() == b"png"
 
 
+def test_plot_no_keys(runner, tmp_path):
+    """With no keys there is no matrix to draw: one Error line, and neither file is written."""
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
+    npz = tmp_path / "nokeys.npz"
+    np.savez(npz, q=np.ones((3, 2)), k=np.ones((0, 2)), v=np.ones((0, 2)))
+    hm = head_probabilities(np.ones((3, 2)), np.ones((0, 2)), block_q=2, block_k=2)
+    assert hm.p.shape == (3, 0) and hm.skip.shape == (2, 0)
+    r = run(runner, npz, "--plot", tmp_path / "n.png", "--csv", tmp_path / "n.csv")
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr == ("Error: --plot: head 0 has 3 queries and 0 keys; there is no probability "
+                        "matrix to draw\n")
+    assert not (tmp_path / "n.png").exists() and not (tmp_path / "n.csv").exists()
+
+
 def test_plot_without_matplotlib(runner, tmp_path, monkeypatch):
     for name in list(sys.modules):
         if name == "matplotlib" or name.startswith("matplotlib."):
