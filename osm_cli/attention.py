@@ -310,12 +310,10 @@ def attention(
         steps, counts = [], [0, 0, 0]  # computed, skipped, rescales
         for j0 in starts:
             kj, j1 = (j0 - k0) // bk, min(k1, j0 + bk)
-            kind = "full" if band is None else band.tile(i0, i1, j0, j1)
             um = None
             if user_mask is not None:
                 um = user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
-            if kind != "skip" and um is not None and _all_masked(um):
-                kind = "skip"
+            kind = tile_kind(band, um, i0, i1, j0, j1)
             if kind == "skip":
                 counts[1] += 1
                 if traced_here:
@@ -372,6 +370,18 @@ def _mask_about(mask: np.ndarray | None) -> str:
         return "none"
     kind = "bool, True = attend" if mask.dtype.kind == "b" else "float, added to the scores"
     return f"{kind}, shape {tuple(mask.shape)}"
+
+
+def tile_kind(band: Band | None, um: np.ndarray | None, i0: int, i1: int, j0: int, j1: int) -> str:
+    """'skip', 'full' or 'partial' for the tile of rows i0:i1 and keys j0:j1.
+
+    Skipped when the causal band or window hides it, or the user's mask (um, that tile of it)
+    hides it for every batch and head.
+    """
+    kind = "full" if band is None else band.tile(i0, i1, j0, j1)
+    if kind != "skip" and um is not None and _all_masked(um):
+        kind = "skip"
+    return kind
 
 
 def _all_masked(um: np.ndarray) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import _all_masked, _broadcast_mask, as_bhnd, check_inputs, make_band
+from .attention import _broadcast_mask, as_bhnd, check_inputs, make_band, tile_kind
 from .errors import InputError
 from .reference import stable_softmax
 
@@ -47,10 +47,8 @@ def skip_map(
         i0, i1 = i * block_q, min(t, (i + 1) * block_q)
         for j in range(n_k):
             j0, j1 = j * block_k, min(s, (j + 1) * block_k)
-            if band is not None and band.tile(i0, i1, j0, j1) == "skip":
-                skip[i, j] = True
-            elif um is not None and _all_masked(um[..., i0:i1, j0:j1]):
-                skip[i, j] = True
+            tile = None if um is None else um[..., i0:i1, j0:j1]
+            skip[i, j] = tile_kind(band, tile, i0, i1, j0, j1) == "skip"
     return skip
 
 
