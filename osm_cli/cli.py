@@ -488,10 +488,12 @@ def attention(
       osm attention q.npy k.npy v.npy --dtype bf16
     """
     att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
+    from . import precision as prec
 
     q, k, v = io.load_qkv(files)
     kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
-    lab, (q, k, v), notes = _lab(dtype, precision, accum, q, k, v)
+    lab, (q, k, v), notes = prec.prepare(dtype, precision and precision.value,
+                                         accum and accum.value, q, k, v)
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
         raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
                        "naive is one-shot attention")
@@ -501,7 +503,7 @@ def attention(
         require_matplotlib()
     run_kw = dict(block_q=block_q, block_k=block_k, masked_lse=masked_lse.value, form=form.value,
                   trace_at=(batch, head, query), threshold=rescale_threshold, **kwargs)
-    run_kw.update(_lab_kwargs(lab, splits))
+    run_kw.update(prec.run_kwargs(lab, splits))
     tile_order = None
     if order is not TileOrder.forward:
         from .merge import block_order
@@ -510,7 +512,7 @@ def attention(
         bk = block_k or att.default_blocks(q.shape[-1])[1]
         tile_order = block_order(-(-s_len // bk), order.value, seed)
     with _progress() as progress:
-        res = _run(att, lab, q, k, v, progress=progress, order=tile_order, **run_kw)
+        res = prec.run(lab, q, k, v, progress=progress, order=tile_order, **run_kw)
     split_run = None if splits is None else att.split_kv(q, k, v, splits, res, **run_kw)
     errors, ref_row, verdict = None, None, None
     if not no_reference:
@@ -944,41 +946,6 @@ def cost(
 
 # ---------------------------------------------------------------------------------------------
 # precision: --dtype on attention and trace, and osm check
-
-
-def _lab(dtype, precision, accum, q, k, v):
-    """(model, (q, k, v) rounded to --dtype, rounding notes), or (None, inputs, ()) without it."""
-    if dtype is None:
-        if precision is not None or accum is not None:
-            raise OsmError("--precision and --accum need --dtype")
-        return None, (q, k, v), ()
-    from . import precision as prec
-
-    lab = prec.model(dtype, precision and precision.value, accum and accum.value)
-    rounded, notes = prec.round_inputs({"Q": q, "K": k, "V": v}, lab.dtype)
-    return lab, rounded, notes
-
-
-def _lab_kwargs(lab, splits) -> dict:
-    """attention keywords of the flash model: the state's dtype and P's rounding."""
-    if lab is None:
-        return {}
-    if lab.precision == "naive" and splits is not None:
-        raise OsmError("--splits needs the tiled run; --precision naive is one-shot attention")
-    return {} if lab.precision == "naive" else {"accum": lab.accum, "p_round": lab.p_round}
-
-
-def _run(att, lab, q, k, v, **run_kw):
-    """attention, or the precision model of --dtype (O / l rounded; naive: one-shot plain)."""
-    if lab is None:
-        return att.attention(q, k, v, **run_kw)
-    from . import precision as prec
-
-    if lab.precision == "naive":
-        keep = ("causal", "scale", "layout", "causal_align", "window", "mask", "trace_at",
-                "masked_lse")
-        return prec.run_naive(lab, q, k, v, **{key: run_kw[key] for key in keep})
-    return prec.finish(lab, att.attention(q, k, v, **run_kw))
 
 
 def _verdict(lab, res, ref_out, ref_lse, q, k, v, kwargs):

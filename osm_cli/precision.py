@@ -726,6 +726,41 @@ def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int =
 # Running a model and judging it (osm attention --dtype), and judging a kernel (osm check)
 
 
+def prepare(dtype: str | None, precision: str | None, accum: str | None, q, k,
+            v) -> tuple[Model | None, tuple, tuple[Rounding, ...]]:
+    """attention's --dtype, --precision and --accum: (model, (q, k, v) rounded to its dtype,
+    rounding notes), or (None, (q, k, v), ()) without a dtype.
+
+    Example: m, (q, k, v), notes = prepare("bf16", None, None, q, k, v)
+    """
+    if dtype is None:
+        if precision is not None or accum is not None:
+            raise OsmError("--precision and --accum need --dtype")
+        return None, (q, k, v), ()
+    m = model(dtype, precision, accum)
+    rounded, notes = round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
+    return m, rounded, notes
+
+
+def run_kwargs(m: Model | None, splits: int | None = None) -> dict:
+    """attention's keywords for m's tiled run: the state's dtype and P's rounding ({} for none)."""
+    if m is None:
+        return {}
+    if m.precision == "naive" and splits is not None:
+        raise OsmError("--splits needs the tiled run; --precision naive is one-shot attention")
+    return {} if m.precision == "naive" else {"accum": m.accum, "p_round": m.p_round}
+
+
+def run(m: Model | None, q, k, v, **kwargs) -> Attention:
+    """attention.attention (m None), or m's run of it: flash rounds the final O / l to the dtype;
+    naive is plain attention in the dtype, one shot. kwargs are attention's (with run_kwargs(m))."""
+    if m is None:
+        return attention(q, k, v, **kwargs)
+    if m.precision == "naive":
+        return run_naive(m, q, k, v, **kwargs)
+    return finish(m, attention(q, k, v, **kwargs))
+
+
 def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
               **kwargs) -> Attention:
     """precision naive as an Attention record: plain attention in the dtype, one shot (no tiles)."""
