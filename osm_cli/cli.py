@@ -18,7 +18,8 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from . import io, render
+from . import documents, export, io, render, report
+from . import plot as plots
 from .errors import OsmError
 
 app = typer.Typer(
@@ -114,110 +115,69 @@ def trace(
       osm trace --values "1,2,5,3" -b 2 --form merge
       osm trace samples/matrix.txt --row 1 --json
     """
-    from .online import online_softmax
-    from .reference import naive_softmax, stable_softmax
-
     s, name = io.load_scores(scores, values)
-    rows = np.atleast_2d(s)
-    if row >= rows.shape[0]:
-        raise OsmError(f"{name}: --row {row} is out of range; it has {rows.shape[0]} row(s)")
-    if dtype is not None or precision is not None:
-        others = order or rescale_threshold or csv or plot or step
-        return _trace_dtype(s, name, dtype, precision, block, form, row, show_all, as_json, others)
-    forms = ["rescale", "merge"] if form is Form.both else [form.value]
-    if rescale_threshold and form is not Form.rescale:
-        raise OsmError("--rescale-threshold applies to --form rescale only")
-    if not np.isfinite(rescale_threshold):
-        raise OsmError("--rescale-threshold must be a finite number")
-    if plot is not None:
-        from .plot import require_matplotlib
-
-        require_matplotlib()
-    from .merge import block_order
-
-    idx = None if order is None else block_order(-(-rows.shape[1] // block), order.value, seed)
-    traces = [online_softmax(s, block, f, row=row, order=idx, threshold=rescale_threshold)
-              for f in forms]
-    lazy, eager, check = _trace_extras(s, block, row, idx, order, seed, rescale_threshold, traces)
-    _trace_files(csv, plot, traces, eager, rescale_threshold, name, block, order)
-    stable = stable_softmax(s)
-    naive = naive_softmax(s)
-    t = traces[0]
-    p2, st2, nv2 = (np.atleast_2d(a) for a in (t.probabilities, stable, naive))
-    diff_rows = np.abs(p2 - st2).max(axis=-1)
-    m, l, lse = (np.atleast_1d(a) for a in (t.m, t.l, t.lse))
-    if as_json:
-        doc = _trace_json(traces, s, stable, naive, diff_rows, block, form.value, row)
-        emit_json({**doc, **_extras_json(doc, t, lazy, check, seed)})
-        return
-    heads = [render.trace_header(name, rows.shape[0], rows.shape[1], row, block)]
-    heads += [render.lazy_note(rescale_threshold)] if rescale_threshold else []
-    if not _step_mode(step, heads, traces, show_all):
-        return
-    out.print(render.final_line(m[row], l[row], lse[row]))
-    if len(traces) == 2:
-        both = np.abs(np.atleast_2d(traces[1].probabilities) - p2).max()
-        out.print(render.agreement("rescale vs merge", float(both)))
-    out.print(render.element_table(rows[row], p2[row], st2[row], nv2[row], show_all, out.width))
-    out.print(render.agreement("online vs one-shot stabilized", float(diff_rows[row])))
-    if rows.shape[0] > 1:
-        out.print(render.rows_table(m, l, lse, diff_rows, show_all))
-    if lazy is not None:
-        out.print(render.lazy_summary(lazy.rescales, lazy.rescales_eager, lazy.skipped,
-                                      lazy.max_excess, lazy.threshold))
-        out.print(render.agreement("lazy vs eager", lazy.max_abs_diff))
-    if check is not None:
-        out.print(render.order_table(check, seed))
-
-
-def _trace_extras(s, block, row, idx, order, seed, threshold, traces):
-    """(lazy report, eager trace, order check), each None unless its option was given."""
-    from .lazy import lazy_report
-    from .merge import order_check
-
-    lazy = eager = check = None
-    if threshold:
-        lazy, eager = lazy_report(s, block, threshold, row=row, order=idx, lazy=traces[0])
-    if order is not None:
-        check = order_check(s, block, traces[0].form, order.value, seed, threshold)
-    return lazy, eager, check
-
-
-def _trace_files(csv, plot, traces, eager, threshold, name, block, order) -> None:
-    """--csv and --plot: write the step table and the picture (atomically), note each on stderr."""
+    _trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
+                  order or rescale_threshold or csv or plot or step)
+    _need_plot(plot)
+    rep = report.trace_report(s, block, form.value, row=row, order=order and order.value,
+                              seed=seed, threshold=rescale_threshold, dtype=dtype,
+                              precision=precision and precision.value)
     if csv is not None:
-        from .export import steps_csv
-
-        io.save_text(csv, steps_csv(traces))
-        err.print(f"wrote {csv} (step table, CSV)", markup=False)
+        _save(csv, export.steps_csv(rep.traces), "step table, CSV")
     if plot is not None:
-        from .plot import trace_png
+        _save(plot, plots.trace_report_png(rep, name), "m, l and α per block, PNG")
+    if as_json:
+        return emit_json(documents.trace_doc(rep))
+    heads = render.trace_heads(rep, name)
+    pages = [(functools.partial(render.step_frame, heads, t, width=out.width), len(t.steps),
+              "block") for t in rep.traces]
+    tables = [render.step_table(t, show_all, out.width) for t in rep.traces]
+    if _present(step, heads, pages, tables):
+        out.print(render.trace_results(rep, show_all, out.width))
 
-        title = f"{name}: online softmax, form {traces[0].form}, blocks of {block}"
-        title += f", order {order.value}" if order is not None else ""
-        title += f", lazy τ = {threshold:g}" if threshold else ""
-        io.save_bytes(plot, trace_png(traces[0], title, eager, threshold))
-        err.print(f"wrote {plot} (m, l and α per block, PNG)", markup=False)
+
+def _trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:
+    """trace's option checks, in this order: --row, --dtype's company, --rescale-threshold."""
+    n_rows = np.atleast_2d(s).shape[0]
+    if row >= n_rows:
+        raise OsmError(f"{name}: --row {row} is out of range; it has {n_rows} row(s)")
+    if dtype is None and precision is not None:
+        raise OsmError("--precision needs --dtype")
+    if dtype is not None and others:
+        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
+                       "--plot or --step")
+    if dtype is None and threshold and form is not Form.rescale:
+        raise OsmError("--rescale-threshold applies to --form rescale only")
+    if dtype is None and not np.isfinite(threshold):
+        raise OsmError("--rescale-threshold must be a finite number")
 
 
-def _step_mode(step: bool, heads, traces, show_all: bool) -> bool:
-    """Print the headers and step tables, one block per key press under --step in a terminal.
+def _need_plot(plot) -> None:
+    """--plot asks for matplotlib: say so before any work is done."""
+    if plot is not None:
+        plots.require_matplotlib()
 
-    False when the user quit early (the rest of the report is then left out).
-    """
-    if _step_interactive(step):
+
+def _save(path: Path, data: str | bytes, what: str, wrap: bool = False) -> None:
+    """Write an output file (atomically), then say so on stderr."""
+    (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
+    err.print(f"wrote {path} ({what})", markup=False, soft_wrap=wrap)
+
+
+def _present(step: bool, heads: list, pages: list, tables: list, after: list = ()) -> bool:
+    """Print the headers, then the tables; or, under --step in a terminal, each page (frame,
+    count, unit) one key press at a time, then `after`. False when the user quit early."""
+    if _step_interactive(step) and all(count for _, count, _ in pages):
         getkey = _step_keys()
-        for tr in traces:
-            frame = functools.partial(render.step_frame, heads, tr, width=out.width)
-            if not _step_frames(frame, len(tr.steps), "block", getkey):
+        for frame, count, unit in pages:
+            if not _step_frames(frame, count, unit, getkey):
                 return False
+        for r in after:
+            out.print(r)
         return True
-    for h in heads:
-        out.print(h)
-    for tr in traces:
-        out.print(render.step_table(tr, show_all, out.width))
+    for r in (*heads, *tables):
+        out.print(r)
     return True
-
 
 def _step_interactive(step: bool) -> bool:
     """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
@@ -253,64 +213,6 @@ def _getkey() -> str:
         return typer.getchar()
     except (KeyboardInterrupt, EOFError):
         return "q"
-
-
-def _extras_json(doc, trace, lazy, check, seed) -> dict:
-    """JSON keys of --rescale-threshold and --order (and 'skipped' per step under a threshold)."""
-    extra: dict = {}
-    if lazy is not None:
-        for d, st in zip(doc["steps"], trace.steps, strict=True):
-            d["skipped"] = st.skipped
-        extra.update(
-            rescale_threshold=lazy.threshold, threshold_units="natural log",
-            rescales=lazy.rescales, rescales_eager=lazy.rescales_eager,
-            rescales_saved=lazy.rescales_saved, skipped_rescales=lazy.skipped,
-            max_excess=lazy.max_excess, lazy_vs_eager_max_abs_diff=lazy.max_abs_diff,
-        )
-    if check is not None:
-        extra.update(
-            order=check.order, seed=seed, block_order=check.indices,
-            order_check={
-                "forward_vs_order": check.p_order, "forward_vs_tree": check.p_tree,
-                "order_vs_tree": check.p_order_tree, "lse_forward_vs_order": check.lse_order,
-                "lse_forward_vs_tree": check.lse_tree,
-            },
-        )
-    return extra
-
-
-def _trace_json(traces, s, stable, naive, diff_rows, block, form, row):
-    t = traces[0]
-    doc = {
-        "block": block,
-        "form": form,
-        "row": row,
-        "shape": list(s.shape),
-        "steps": [_step_json(st) for st in t.steps],
-        "m": t.m,
-        "l": t.l,
-        "lse": t.lse,
-        "lse_base": "e",
-        "probabilities": t.probabilities,
-        "reference": stable,
-        "naive": naive,
-        "max_abs_diff": float(diff_rows.max()),
-    }
-    if len(traces) == 2:
-        doc["merge_steps"] = [_step_json(st) for st in traces[1].steps]
-        doc["forms_max_abs_diff"] = float(np.abs(traces[1].probabilities - t.probabilities).max())
-    return doc
-
-
-def _step_json(st) -> dict:
-    d = {
-        "block": st.block, "start": st.start, "stop": st.stop, "block_max": st.block_max,
-        "m_prev": st.m_prev, "m": st.m, "scale": st.scale, "l_prev": st.l_prev, "l": st.l,
-        "rescaled": st.rescaled,
-    }
-    if st.block_l is not None:
-        d.update(block_m=st.block_m, block_l=st.block_l, block_weight=st.block_weight)
-    return d
 
 
 class Align(str, Enum):
@@ -497,10 +399,7 @@ def attention(
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
         raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
                        "naive is one-shot attention")
-    if plot is not None:
-        from .plot import require_matplotlib
-
-        require_matplotlib()
+    _need_plot(plot)
     run_kw = dict(block_q=block_q, block_k=block_k, masked_lse=masked_lse.value, form=form.value,
                   trace_at=(batch, head, query), threshold=rescale_threshold, **kwargs)
     run_kw.update(prec.run_kwargs(lab, splits))
@@ -803,10 +702,7 @@ def sweep(
     from .sweep import sweep as run_sweep
 
     files = files or []
-    if plot is not None:
-        from .plot import require_matplotlib
-
-        require_matplotlib()
+    _need_plot(plot)
     qkv = _qkv_given(files)
     mask_opts = (causal, window is not None, mask is not None, scale is not None,
                  layout is not Layout.bhnd, causal_align is not Align.bottom_right)
@@ -970,39 +866,6 @@ def _precision_doc(lab, notes, verdict) -> dict:
     from . import precision as prec
 
     return {"precision": prec.precision_json(lab, notes, verdict)}
-
-
-def _trace_dtype(s, name, dtype, precision, block, form, row, show_all, as_json, others):
-    """osm trace --dtype: scores rounded to the dtype, the state held as --precision holds it."""
-    from . import precision as prec
-
-    if dtype is None:
-        raise OsmError("--precision needs --dtype")
-    if others:
-        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
-                       "--plot or --step")
-    lab = prec.model(dtype, precision and precision.value)
-    forms = ["rescale", "merge"] if form is Form.both else [form.value]
-    lts = [prec.trace_in(s, lab, block, f, row) for f in forms]
-    lt = lts[0]
-    m, l, lse = (np.atleast_1d(a) for a in (lt.trace.m, lt.trace.l, lt.trace.lse))
-    if as_json:
-        doc = _trace_json([x.trace for x in lts], lt.scores, lt.exact, lt.naive, lt.max_diff,
-                          block, form.value, row)
-        doc["probabilities"] = lt.probabilities
-        doc.update(dtype=lab.name, precision=lab.precision, scores_in_dtype=lt.scores,
-                   reference_note="float64 stabilized softmax of the unrounded scores",
-                   ulps=lt.ulps, rounding=vars(lt.rounding), p_underflowed=lt.p_underflowed,
-                   alpha_underflowed=list(lt.alpha_underflowed))
-        emit_json(doc)
-        return
-    rows = np.atleast_2d(s)
-    out.print(render.trace_header(name, rows.shape[0], rows.shape[1], row, block))
-    for x in lts:
-        out.print(render.step_table(x.trace, show_all, out.width))
-    out.print(render.final_line(m[row], l[row], lse[row]))
-    out.print(render.dtype_elements(s, lt, row, show_all))
-    out.print(render.dtype_trace_note(lt, row))
 
 
 @app.command()

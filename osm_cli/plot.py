@@ -95,6 +95,15 @@ def trace_png(trace, title: str, eager=None, threshold: float = 0.0) -> bytes:
     return _png(fig)
 
 
+def trace_report_png(rep, name: str) -> bytes:
+    """osm trace --plot: the report's trace (report.TraceReport), with the eager one beside a
+    lazy run, titled with the source, form, block size, order and τ."""
+    title = f"{name}: online softmax, form {rep.trace.form}, blocks of {rep.block}"
+    title += f", order {rep.order}" if rep.order is not None else ""
+    title += f", lazy τ = {rep.threshold:g}" if rep.threshold else ""
+    return trace_png(rep.trace, title, rep.eager, rep.threshold)
+
+
 def sweep_png(result, title: str, error: str = "max |p − reference|") -> bytes:
     """Error, rescale count and modelled HBM traffic against the block size."""
     fig = _figure(SWEEP_SIZE)
@@ -190,4 +199,5 @@ def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
 
 __all__ = [
     "INSTALL", "attention_png", "require_matplotlib", "sweep_png", "trace_png",
+    "trace_report_png",
 ]

@@ -195,6 +195,42 @@ def agreement(label: str, diff: float) -> Text:
     return Text.assemble(f"{label}: max |difference| = ", Text(f"{diff:.3g}", style=style))
 
 
+def trace_heads(rep, name: str) -> list:
+    """What comes before osm trace's step tables (report.TraceReport): the header, and what a
+    lazy threshold does."""
+    n_rows, n = np.atleast_2d(rep.scores).shape
+    heads = [trace_header(name, n_rows, n, rep.row, rep.block)]
+    return heads + ([lazy_note(rep.threshold)] if rep.threshold else [])
+
+
+def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
+    """What follows osm trace's step tables: the final state, the traced row's elements beside
+    the references, every row, and the lazy and order checks asked for."""
+    t, row = rep.trace, rep.row
+    m, l, lse = (np.atleast_1d(a) for a in (t.m, t.l, t.lse))
+    parts: list = [final_line(m[row], l[row], lse[row])]
+    if rep.in_dtype:
+        lt = rep.in_dtype[0]
+        return Group(*parts, dtype_elements(rep.scores, lt, row, show_all),
+                     dtype_trace_note(lt, row))
+    if rep.forms_diff is not None:
+        parts.append(agreement("rescale vs merge", rep.forms_diff))
+    rows = np.atleast_2d(rep.scores)
+    p, stable, naive = (np.atleast_2d(a)[row] for a in (t.probabilities, rep.reference, rep.naive))
+    parts += [element_table(rows[row], p, stable, naive, show_all, width),
+              agreement("online vs one-shot stabilized", float(rep.max_diff[row]))]
+    if rows.shape[0] > 1:
+        parts.append(rows_table(m, l, lse, rep.max_diff, show_all))
+    if rep.lazy is not None:
+        lz = rep.lazy
+        parts += [lazy_summary(lz.rescales, lz.rescales_eager, lz.skipped, lz.max_excess,
+                               lz.threshold),
+                  agreement("lazy vs eager", lz.max_abs_diff)]
+    if rep.check is not None:
+        parts.append(order_table(rep.check, rep.seed))
+    return Group(*parts)
+
+
 # ---------------------------------------------------------------------------------------------
 # overflow-demo
 
