@@ -458,32 +458,6 @@ def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:
     return x4[b, h, i]
 
 
-def summary(res: Attention, errs: dict | None, ref_row) -> dict:
-    """Everything the summary and the trace show, as plain values for JSON."""
-    return {
-        "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
-        "scale": res.scale, "causal": res.causal, "causal_align": res.align,
-        "window": None if res.window is None else list(res.window),
-        "mask": res.extra["mask"],
-        "block_q": res.block_q, "block_k": res.block_k,
-        "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
-        "tiles_total": res.extra["tiles_total"], "rescales": res.rescales,
-        "masked_rows": res.masked_rows, "masked_lse": res.masked_lse, "lse_base": "e",
-        **(errs or {"reference": "skipped"}),
-        "trace": {
-            "batch": res.traced[0], "head": res.traced[1], "query": res.traced[2],
-            "steps": [
-                {"tile": s.tile, "start": s.start, "stop": s.stop, "skipped": s.skipped,
-                 "tile_max": s.tile_max, "m_prev": s.m_prev, "m": s.m, "scale": s.alpha,
-                 "l_prev": s.l_prev, "l": s.l, "o_head": s.o, "o_norm": s.o_norm}
-                for s in res.trace
-            ],
-            "out": res.trace_out,
-            "reference": ref_row,
-        },
-    }
-
-
 @dataclass(frozen=True)
 class Split:
     """One split of a split-KV run, as the traced row saw it."""

@@ -7,7 +7,6 @@ Nothing else lives here.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import sys
 from enum import Enum
@@ -18,7 +17,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from . import documents, export, io, render, report
+from . import documents, export, io, render, report, tilemap
 from . import plot as plots
 from .errors import OsmError
 
@@ -389,7 +388,6 @@ def attention(
       osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
       osm attention q.npy k.npy v.npy --dtype bf16
     """
-    att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
     from . import precision as prec
 
     q, k, v = io.load_qkv(files)
@@ -400,54 +398,27 @@ def attention(
         raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
                        "naive is one-shot attention")
     _need_plot(plot)
-    run_kw = dict(block_q=block_q, block_k=block_k, masked_lse=masked_lse.value, form=form.value,
-                  trace_at=(batch, head, query), threshold=rescale_threshold, **kwargs)
-    run_kw.update(prec.run_kwargs(lab, splits))
-    tile_order = None
-    if order is not TileOrder.forward:
-        from .merge import block_order
-
-        s_len = att.as_bhnd(k, layout.value, "K").shape[2]
-        bk = block_k or att.default_blocks(q.shape[-1])[1]
-        tile_order = block_order(-(-s_len // bk), order.value, seed)
     with _progress() as progress:
-        res = prec.run(lab, q, k, v, progress=progress, order=tile_order, **run_kw)
-    split_run = None if splits is None else att.split_kv(q, k, v, splits, res, **run_kw)
-    errors, ref_row, verdict = None, None, None
-    if not no_reference:
-        ref_out, ref_lse = att.reference(q, k, v, **kwargs)
-        errors = att.errors(res, ref_out, ref_lse)
-        ref_row = att.row_of(ref_out, res.traced, layout.value)
-        verdict = _verdict(lab, res, ref_out, ref_lse, q, k, v, kwargs)
+        rep = report.attention_report(
+            q, k, v, kwargs, model=lab, notes=notes, splits=splits, order=order.value, seed=seed,
+            with_reference=not no_reference, progress=progress, block_q=block_q,
+            block_k=block_k, masked_lse=masked_lse.value, form=form.value,
+            trace_at=(batch, head, query), threshold=rescale_threshold)
+    res = rep.result
     if out_path:
-        io.save_npy(Path(out_path), _storable(lab, res.out))
+        io.save_npy(Path(out_path), rep.stored_out)
     if lse_path:
         io.save_npy(Path(lse_path), res.lse)
     _attention_files(csv, plot, res, q, k, kwargs, files)
     if as_json:
-        doc = att.summary(res, errors, ref_row)
-        doc.update(_precision_doc(lab, notes, verdict))
-        if split_run is not None:
-            doc["splits"] = [vars(s) for s in split_run.splits]
-            doc["splits_max_abs_diff"] = split_run.max_abs_diff
-            doc["splits_max_lse_diff"] = split_run.max_lse_diff
-        emit_json(doc)
-        return
-    heads = [render.attention_summary(res, errors)]
-    if lab is not None:
-        heads.append(render.precision_summary(lab, notes, verdict))
-    if _step_interactive(step) and res.trace:
-        frame = functools.partial(render.attention_step_frame, heads, res, width=out.width)
-        if not _step_frames(frame, len(res.trace), "tile", _step_keys()):
-            return
-        out.print(render.attention_output(res, ref_row, show_all))
-    else:
-        for h in heads:
-            out.print(h)
-        out.print(render.attention_trace(res, ref_row, out.width, show_all))
-    if split_run is not None:
-        out.print(render.split_table(split_run))
-
+        return emit_json(documents.attention_doc(rep))
+    heads = render.attention_heads(rep)
+    frame = functools.partial(render.attention_step_frame, heads, res, width=out.width)
+    shown = _present(step, heads, [(frame, len(res.trace), "tile")],
+                     [render.attention_trace(res, rep.ref_row, out.width, show_all)],
+                     [render.attention_output(res, rep.ref_row, show_all)])
+    if shown and rep.split is not None:
+        out.print(render.split_table(rep.split))
 
 
 def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
@@ -455,35 +426,18 @@ def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
 
     The picture is drawn before either file is written, so a head it cannot draw leaves none.
     """
+    b, h, i = res.traced
     png = None
     if plot is not None:
-        from .plot import attention_png
-        from .tilemap import head_probabilities
-
-        b, h, i = res.traced
-        hm = head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
-                                block_q=res.block_q, block_k=res.block_k, **kwargs)
-        rows, cols = hm.p.shape
-        if not rows or not cols:
-            raise OsmError(f"--plot: head {h} has {hm.t} queries and {hm.s} keys; there is no "
-                           "probability matrix to draw")
-        name = files[0] if len(files) == 1 else ", ".join(Path(f).name for f in files)
-        title = f"{name}: P = softmax(scale·QKᵀ) of batch {b}, head {h}"
-        if (rows, cols) != (hm.t, hm.s):
-            title += (f"\nshowing the first {rows} of {hm.t} queries × the first {cols} of "
-                      f"{hm.s} keys")
-        png = attention_png(hm, title, i)
+        hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
+                                        block_q=res.block_q, block_k=res.block_k, **kwargs)
+        png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
+                                    ", ".join(Path(f).name for f in files), i)
     if csv is not None:
-        from .export import tiles_csv
-
-        io.save_text(csv, tiles_csv(res))
-        err.print(f"wrote {csv} (tile table of the traced row, CSV)", markup=False,
-                  soft_wrap=True)
+        _save(csv, export.tiles_csv(res), "tile table of the traced row, CSV", wrap=True)
     if png is not None:
-        b, h, _ = res.traced
-        io.save_bytes(plot, png)
-        err.print(f"wrote {plot} (probability matrix of batch {b}, head {h} with its tiles, PNG)",
-                  markup=False, soft_wrap=True)
+        _save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG",
+              wrap=True)
 
 
 class _progress:
@@ -504,6 +458,9 @@ class _progress:
                 self.task = self.bar.add_task("attention", total=total)
             if self.bar is not None:
                 self.bar.update(self.task, completed=done)
+            if self.bar is not None and done >= total:  # the run is over; its checks are not
+                self.bar.stop()
+                self.bar = None
 
         return tick
 
@@ -844,30 +801,6 @@ def cost(
 # precision: --dtype on attention and trace, and osm check
 
 
-def _verdict(lab, res, ref_out, ref_lse, q, k, v, kwargs):
-    if lab is None:
-        return None
-    from . import precision as prec
-
-    return prec.judge_run(lab, res, ref_out, ref_lse, q, k, v, **kwargs)
-
-
-def _storable(lab, o):
-    if lab is None:
-        return o
-    from . import precision as prec
-
-    return prec.storable(lab, o)
-
-
-def _precision_doc(lab, notes, verdict) -> dict:
-    if lab is None:
-        return {}
-    from . import precision as prec
-
-    return {"precision": prec.precision_json(lab, notes, verdict)}
-
-
 @app.command()
 @guarded
 def check(
@@ -910,7 +843,7 @@ def check(
     kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
     rep = prec.check(o, q, k, v, dt, lse=lse_arr, top=top, with_model=not no_model, **kwargs)
     if as_json:
-        emit_json(prec.check_json(rep))
+        emit_json(documents.check_doc(rep))
     else:
         out.print(render.check_report(rep, out_file, top))
     if not rep.verdict.passed:

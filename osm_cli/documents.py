@@ -72,4 +72,83 @@ def trace_doc(rep) -> dict:
     return doc
 
 
-__all__ = ["step_doc", "trace_doc"]
+def attention_summary(res, errs: dict | None, ref_row) -> dict:
+    """osm attention's summary and traced row (attention.Attention), with its errors against the
+    reference (attention.errors; None: skipped) and the reference's traced row."""
+    return {
+        "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
+        "scale": res.scale, "causal": res.causal, "causal_align": res.align,
+        "window": None if res.window is None else list(res.window),
+        "mask": res.extra["mask"],
+        "block_q": res.block_q, "block_k": res.block_k,
+        "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
+        "tiles_total": res.extra["tiles_total"], "rescales": res.rescales,
+        "masked_rows": res.masked_rows, "masked_lse": res.masked_lse, "lse_base": "e",
+        **(errs or {"reference": "skipped"}),
+        "trace": {
+            "batch": res.traced[0], "head": res.traced[1], "query": res.traced[2],
+            "steps": [
+                {"tile": s.tile, "start": s.start, "stop": s.stop, "skipped": s.skipped,
+                 "tile_max": s.tile_max, "m_prev": s.m_prev, "m": s.m, "scale": s.alpha,
+                 "l_prev": s.l_prev, "l": s.l, "o_head": s.o, "o_norm": s.o_norm}
+                for s in res.trace
+            ],
+            "out": res.trace_out,
+            "reference": ref_row,
+        },
+    }
+
+
+def attention_doc(rep) -> dict:
+    """osm attention --json (report.AttentionReport): the summary and trace, then the keys of
+    --dtype (precision) and --splits."""
+    doc = attention_summary(rep.result, rep.errors, rep.ref_row)
+    if rep.model is not None:
+        doc["precision"] = precision_doc(rep.model, rep.notes, rep.verdict)
+    if rep.split is not None:
+        doc["splits"] = [vars(s) for s in rep.split.splits]
+        doc["splits_max_abs_diff"] = rep.split.max_abs_diff
+        doc["splits_max_lse_diff"] = rep.split.max_lse_diff
+    return doc
+
+
+def verdict_doc(v) -> dict:
+    """A verdict (precision.Verdict): errors against float64 and FlashAttention's test rule."""
+    def rule(r):
+        return None if r is None else {
+            "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
+            "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
+
+    return {
+        "dtype": v.dtype, "max_err_vs_fp64": v.err, "plain_max_err_vs_fp64": v.plain_err,
+        "max_lse_err_vs_fp64": v.lse_err, "plain_max_lse_err_vs_fp64": v.plain_lse_err,
+        "rule": "max|out - ref| <= 2*max|pt - ref| + 2*max|(ref + 0.3 - 0.3) - ref|",
+        "out": rule(v.rule), "lse": rule(v.lse), "passed": v.passed,
+    }
+
+
+def precision_doc(m, notes, verdict) -> dict:
+    """attention --dtype: the model (precision.Model), the inputs' rounding, the verdict."""
+    return {
+        "dtype": m.name, "precision": m.precision, "accum": m.accum.name,
+        "model": m.describe(),
+        "inputs": [vars(r) for r in notes],
+        "verdict": None if verdict is None else verdict_doc(verdict),
+    }
+
+
+def check_doc(rep) -> dict:
+    """osm check --json (precision.CheckReport)."""
+    return {
+        "shape": list(rep.shape), "inputs": [vars(r) for r in rep.notes],
+        "verdict": verdict_doc(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
+        "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
+        "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
+        "hint": rep.hint or None,
+    }
+
+
+__all__ = [
+    "attention_doc", "attention_summary", "check_doc", "precision_doc", "step_doc", "trace_doc",
+    "verdict_doc",
+]

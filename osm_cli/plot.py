@@ -138,6 +138,20 @@ def sweep_png(result, title: str, error: str = "max |p − reference|") -> bytes
     return _png(fig)
 
 
+def traced_head_png(hm, source: str, traced_query: int | None = None) -> bytes:
+    """attention --plot: attention_png of the traced head (tilemap.HeadMap), titled with the
+    source and, when the head is larger, the part of it drawn. No query or no key: an error."""
+    rows, cols = hm.p.shape
+    if not rows or not cols:
+        raise OsmError(f"--plot: head {hm.head} has {hm.t} queries and {hm.s} keys; there is no "
+                       "probability matrix to draw")
+    title = f"{source}: P = softmax(scale·QKᵀ) of batch {hm.batch}, head {hm.head}"
+    if (rows, cols) != (hm.t, hm.s):
+        title += (f"\nshowing the first {rows} of {hm.t} queries × the first {cols} of "
+                  f"{hm.s} keys")
+    return attention_png(hm, title, traced_query)
+
+
 def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
     """One head's probability matrix (tilemap.HeadMap) as a heatmap, the tile grid drawn over it
     and the tiles attention skipped shaded; masked entries (score -inf) are white.
@@ -199,5 +213,5 @@ def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
 
 __all__ = [
     "INSTALL", "attention_png", "require_matplotlib", "sweep_png", "trace_png",
-    "trace_report_png",
+    "trace_report_png", "traced_head_png",
 ]

@@ -646,21 +646,6 @@ def judge(out, ref, pt, dtype, *, lse=None, ref_lse=None, pt_lse=None) -> Verdic
     )
 
 
-def verdict_json(v: Verdict) -> dict:
-    """The verdict as plain values for --json."""
-    def rule(r: Rule | None):
-        return None if r is None else {
-            "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
-            "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
-
-    return {
-        "dtype": v.dtype, "max_err_vs_fp64": v.err, "plain_max_err_vs_fp64": v.plain_err,
-        "max_lse_err_vs_fp64": v.lse_err, "plain_max_lse_err_vs_fp64": v.plain_lse_err,
-        "rule": "max|out - ref| <= 2*max|pt - ref| + 2*max|(ref + 0.3 - 0.3) - ref|",
-        "out": rule(v.rule), "lse": rule(v.lse), "passed": v.passed,
-    }
-
-
 # ---------------------------------------------------------------------------------------------
 # A score vector traced in a dtype (osm trace --dtype)
 
@@ -799,15 +784,6 @@ def storable(m: Model, out: np.ndarray) -> np.ndarray:
     return out.astype(m.dtype) if m.dtype.kind == "f" else out
 
 
-def precision_json(m: Model, notes, verdict: Verdict | None) -> dict:
-    return {
-        "dtype": m.name, "precision": m.precision, "accum": m.accum.name,
-        "model": m.describe(),
-        "inputs": [vars(r) for r in notes],
-        "verdict": None if verdict is None else verdict_json(verdict),
-    }
-
-
 @dataclass(frozen=True)
 class RowError:
     """One query row of a judged output: its largest error, in ulps, and its LSE error."""
@@ -912,16 +888,6 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
                 break
     return CheckReport(tuple(out.shape), notes, verdict, model_err, tuple(rows), tuple(heads),
                        int(np.count_nonzero(over)), int(row_err.size), hint)
-
-
-def check_json(rep: CheckReport) -> dict:
-    return {
-        "shape": list(rep.shape), "inputs": [vars(r) for r in rep.notes],
-        "verdict": verdict_json(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
-        "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
-        "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
-        "hint": rep.hint or None,
-    }
 
 
 def output_dtype(out: np.ndarray, name: str) -> np.dtype:

@@ -312,6 +312,15 @@ def attention_summary(res, ref_err: dict | None) -> Table:
     return t
 
 
+def attention_heads(rep) -> list:
+    """What comes before osm attention's trace (report.AttentionReport): the summary, and under
+    --dtype the precision model, the inputs' rounding and the verdict."""
+    heads = [attention_summary(rep.result, rep.errors)]
+    if rep.model is not None:
+        heads.append(precision_summary(rep.model, rep.notes, rep.verdict))
+    return heads
+
+
 def attention_trace(res, ref_row, width: int = 100, show_all: bool = False) -> Group:
     """The traced query row, tile by tile, then its output beside the reference."""
     return _fit(lambda d: _attention_trace(res, ref_row, d, show_all), width, (7, 6, 5, 4))

@@ -5,6 +5,9 @@ ask for, returned as one frozen record that render.py and documents.py both read
   forms, in a block order or with a lazy-rescale threshold (or rounded to a dtype, precision.py),
   beside the one-shot stabilized and naive softmax, with the per-row differences, the lazy vs
   eager report (lazy.py) and the forward / order / tree check (merge.py).
+- `attention_report` (osm attention): the tiled forward (or the precision model of --dtype) in a
+  tile order, a split-KV run, the float64 one-shot reference and its errors, and the
+  FlashAttention test rule's verdict on a model's run.
 
 Leaves out: the algorithms themselves (online.py, lazy.py, merge.py, precision.py), reading and
 writing files (io.py), tables (render.py), JSON (documents.py).
@@ -18,6 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .attention import (
+    Attention,
+    SplitRun,
+    as_bhnd,
+    default_blocks,
+    errors,
+    reference,
+    row_of,
+    split_kv,
+)
 from .lazy import LazyReport, lazy_report
 from .merge import OrderCheck, block_order, order_check
 from .online import FORMS, Trace, online_softmax
@@ -93,4 +106,66 @@ def trace_report(
                        _forms_diff(traces), order, seed, threshold, lazy, eager, check)
 
 
-__all__ = ["TraceReport", "trace_report"]
+@dataclass(frozen=True)
+class AttentionReport:
+    """Everything `osm attention` shows: the run, its split-KV twin, the reference, the verdict."""
+
+    result: Attention
+    model: object = None  # precision.Model of --dtype (None: the plain run)
+    notes: tuple = ()  # precision.Rounding per input: what rounding to the model's dtype did
+    split: SplitRun | None = None  # with splits: the split-KV run merged, against the unsplit
+    errors: dict | None = None  # against the float64 reference (None: not compared)
+    ref_row: np.ndarray | None = None  # the reference's traced row
+    verdict: object = None  # precision.Verdict of a model's run (with the reference)
+
+    @property
+    def stored_out(self) -> np.ndarray:
+        """O as --out writes it: in the model's dtype where numpy has that dtype."""
+        if self.model is None:
+            return self.result.out
+        from .precision import storable
+
+        return storable(self.model, self.result.out)
+
+
+def _tile_order(q, k, order: str, seed: int, block_k: int | None, layout: str):
+    """The K/V tiles as a permutation to visit them in; None for forward (attention's own)."""
+    if order == "forward":
+        return None
+    s = as_bhnd(np.asarray(k), layout, "K").shape[2]
+    bk = block_k or default_blocks(np.shape(q)[-1])[1]
+    return block_order(-(-s // bk), order, seed)
+
+
+def attention_report(
+    q, k, v, mask_kw: dict, *, model=None, notes: tuple = (), splits: int | None = None,
+    order: str = "forward", seed: int = 0, with_reference: bool = True, progress=None,
+    **run_kw,
+) -> AttentionReport:
+    """Run attention on q, k, v and check it against the float64 one-shot reference.
+
+    q, k, v hold `model`'s values already (precision.prepare, which also gives `notes`).
+    mask_kw are attention's mask, scale and layout keywords; run_kw its tile, trace and update
+    keywords (block_q, block_k, masked_lse, form, trace_at, threshold). order (forward, reverse,
+    shuffle with `seed`) is the order to visit the K/V tiles in; splits also runs split-KV with
+    that many chunks; progress(done, total) is called as Q tiles finish.
+    """
+    from . import precision as prec
+
+    run_kw = {**run_kw, **mask_kw, **prec.run_kwargs(model, splits)}
+    layout = mask_kw.get("layout", "bhnd")
+    tiles = _tile_order(q, k, order, seed, run_kw.get("block_k"), layout)
+    res = prec.run(model, q, k, v, progress=progress, order=tiles, **run_kw)
+    split = None if splits is None else split_kv(q, k, v, splits, res, **run_kw)
+    if not with_reference:
+        return AttentionReport(res, model, notes, split)
+    ref_out, ref_lse = reference(q, k, v, **mask_kw)
+    errs = errors(res, ref_out, ref_lse)
+    ref_row = row_of(ref_out, res.traced, layout)
+    verdict = None
+    if model is not None:
+        verdict = prec.judge_run(model, res, ref_out, ref_lse, q, k, v, **mask_kw)
+    return AttentionReport(res, model, notes, split, errs, ref_row, verdict)
+
+
+__all__ = ["AttentionReport", "TraceReport", "attention_report", "trace_report"]

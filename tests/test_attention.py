@@ -22,8 +22,8 @@ from osm_cli.attention import (
     errors,
     make_band,
     reference,
-    summary,
 )
+from osm_cli.documents import attention_summary as summary
 from osm_cli.errors import InputError, OsmError, ShapeError
 from osm_cli.io import dumps
 
