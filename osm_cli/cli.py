@@ -20,6 +20,7 @@ from rich.console import Console
 from . import documents, export, io, render, report, tilemap
 from . import plot as plots
 from .errors import OsmError
+from .sweep import sweep_attention, sweep_scores
 
 app = typer.Typer(
     name="osm",
@@ -655,115 +656,39 @@ def sweep(
       osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
       osm sweep q.npy k.npy v.npy --blocks 16,32,64,128,256 --sram 192KiB --causal
     """
-    from .sweep import score_runner
-    from .sweep import sweep as run_sweep
-
     files = files or []
     _need_plot(plot)
-    qkv = _qkv_given(files)
-    mask_opts = (causal, window is not None, mask is not None, scale is not None,
-                 layout is not Layout.bhnd, causal_align is not Align.bottom_right)
+    qkv = io.is_qkv(files)
     if qkv:
         if values is not None or head_dim is not None:
             raise OsmError("--values and --head-dim are for scores; Q/K/V carry their own keys "
                            "and head dim")
         kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
-        return _sweep_qkv(files, kwargs, blocks, sram, block_q, dtype_bytes, accum, plot,
-                          as_json)
-    if len(files) > 1:
-        raise OsmError(f"sweep takes SCORES, or Q K V (three .npy files or one .npz with q, k, "
-                       f"v); got {len(files)} files")
-    if any(mask_opts):
-        raise OsmError("--causal, --causal-align, --window, --mask, --scale and --layout are for "
-                       "Q/K/V; scores carry their mask as -inf")
-    bq = 128 if block_q is None else block_q
-    d = 64 if head_dim is None else head_dim
-    s, name = io.load_scores(files[0] if files else None, values)
-    rows = np.atleast_2d(s)
-    runner = score_runner(rows, np.dtype(accum.value), bq)
-    res = run_sweep(blocks, runner, n_q=rows.shape[0], n_k=rows.shape[1], d=d,
-                    dtype_bytes=dtype_bytes, sram_bytes=sram, block_q=bq)
+        q, k, v = io.load_qkv(files)
+        res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
+                              dtype_bytes=dtype_bytes, sram_bytes=sram, **kwargs)
+        name = files[0] if len(files) == 1 else " ".join(files)
+        shapes = (q.shape, k.shape, v.shape)
+        about = render.attention_sweep_about(res, shapes, kwargs, accum.value)
+        doc = documents.attention_sweep_doc(res, name, accum.value, shapes, kwargs)
+    else:
+        if len(files) > 1:
+            raise OsmError(f"sweep takes SCORES, or Q K V (three .npy files or one .npz with q, "
+                           f"k, v); got {len(files)} files")
+        if (causal or (window, mask, scale) != (None, None, None) or layout is not Layout.bhnd
+                or causal_align is not Align.bottom_right):
+            raise OsmError("--causal, --causal-align, --window, --mask, --scale and --layout are "
+                           "for Q/K/V; scores carry their mask as -inf")
+        s, name = io.load_scores(files[0] if files else None, values)
+        res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
+                           dtype_bytes=dtype_bytes, sram_bytes=sram)
+        about, doc = None, documents.sweep_doc(res, name, accum.value)
     if plot is not None:
-        from .plot import sweep_png
-
-        io.save_bytes(plot, sweep_png(res, f"{name}: block-size sweep (state in {accum.value})"))
-        err.print(f"wrote {plot} (error, rescales and HBM traffic vs block size, PNG)",
-                  markup=False)
+        _save(plot, plots.sweep_titled_png(res, name, accum.value, qkv),
+              "error, rescales and HBM traffic vs block size, PNG")
     if as_json:
-        emit_json(_sweep_json(res, name, accum.value))
-        return
-    out.print(render.sweep_table(res, name))
-
-
-def _qkv_given(files) -> bool:
-    """Three files, or one .npz holding q, k and v: a Q/K/V sweep (else scores)."""
-    if len(files) == 3:
-        return True
-    if len(files) != 1 or not files[0].lower().endswith(".npz") or not Path(files[0]).is_file():
-        return False
-    try:
-        with np.load(files[0], allow_pickle=False) as z:
-            return {"q", "k", "v"} <= set(z.files)
-    except Exception:  # not a readable .npz: the scores path reports it
-        return False
-
-
-def _sweep_qkv(files, kwargs, blocks, sram, block_q, dtype_bytes, accum, plot, as_json) -> None:
-    """osm sweep Q K V: attention.py's tiled forward at each block_k, the reference once."""
-    from .attention import as_bhnd
-    from .sweep import attention_runner
-    from .sweep import sweep as run_sweep
-
-    q, k, v = io.load_qkv(files)
-    lay = kwargs["layout"]
-    (b, hq, t, d), s = as_bhnd(q, lay, "Q").shape, as_bhnd(k, lay, "K").shape[2]
-    bq = 128 if block_q is None else block_q
-    runner = attention_runner(q, k, v, block_q=bq, accum=np.dtype(accum.value), **kwargs)
-    res = run_sweep(blocks, runner, n_q=t, n_k=s, d=d, heads=hq, batch=b,
-                    dtype_bytes=dtype_bytes, sram_bytes=sram, block_q=bq)
-    name = files[0] if len(files) == 1 else " ".join(files)
-    masks = [f"causal ({kwargs['causal_align']})"] if kwargs["causal"] else []
-    masks += [] if kwargs["window"] is None else ["window {},{}".format(*kwargs["window"])]
-    masks += [] if kwargs["mask"] is None else ["--mask"]
-    about = (f"Q {tuple(q.shape)}  K {tuple(k.shape)}  V {tuple(v.shape)}, "
-             f"{', '.join(masks) or 'no mask'}\nB = {b}, H = {hq}, {t} queries × {s} keys per "
-             f"head: the tiled forward at each block_k (state in {accum.value})")
-    if plot is not None:
-        from .plot import sweep_png
-
-        title = f"{name}: block_k sweep of attention (state in {accum.value})"
-        io.save_bytes(plot, sweep_png(res, title, "max |O − reference|"))
-        err.print(f"wrote {plot} (error, rescales and HBM traffic vs block size, PNG)",
-                  markup=False)
-    if as_json:
-        doc = _sweep_json(res, name, accum.value)
-        doc.update(shape_q=list(q.shape), shape_k=list(k.shape), shape_v=list(v.shape),
-                   batch=b, heads=hq, causal=kwargs["causal"],
-                   causal_align=kwargs["causal_align"],
-                   window=None if kwargs["window"] is None else list(kwargs["window"]),
-                   mask=kwargs["mask"] is not None, error_of="O")
-        emit_json(doc)
-        return
+        return emit_json(doc)
     out.print(render.sweep_table(res, name, about))
-
-
-def _sweep_json(res, name: str, accum: str) -> dict:
-    return {
-        "source": name, "accum": accum, "rows": res.n_q, "keys": res.n_k, "d": res.d,
-        "dtype_bytes": res.dtype_bytes, "sram_bytes": res.sram_bytes, "block_q": res.block_q,
-        "hbm_standard": res.hbm_standard, "fa1_block_q": res.fa1_block[0],
-        "fa1_block_k": res.fa1_block[1],
-        "blocks": [
-            {"block": r.block, "tiles": r.measure.tiles, "masked_tiles": r.measure.skipped,
-             "rescales": r.measure.rescales, "max_abs_error": r.measure.max_error,
-             "max_lse_error": r.measure.lse_error, "tile_bytes": r.tile_bytes, "fits": r.fits,
-             "hbm_flash": r.hbm_flash,
-             **({} if r.hbm_skipping is None else {
-                 "tiles_computed": r.measure.tiles - r.measure.skipped,
-                 "row_visits": r.measure.row_visits, "hbm_flash_skipping": r.hbm_skipping})}
-            for r in res.rows
-        ],
-    }
 
 
 @app.command()

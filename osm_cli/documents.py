@@ -148,7 +148,39 @@ def check_doc(rep) -> dict:
     }
 
 
+def sweep_doc(res, name: str, accum: str) -> dict:
+    """osm sweep --json over scores (sweep.Sweep): the model's sizes, then one entry per block."""
+    return {
+        "source": name, "accum": accum, "rows": res.n_q, "keys": res.n_k, "d": res.d,
+        "dtype_bytes": res.dtype_bytes, "sram_bytes": res.sram_bytes, "block_q": res.block_q,
+        "hbm_standard": res.hbm_standard, "fa1_block_q": res.fa1_block[0],
+        "fa1_block_k": res.fa1_block[1],
+        "blocks": [
+            {"block": r.block, "tiles": r.measure.tiles, "masked_tiles": r.measure.skipped,
+             "rescales": r.measure.rescales, "max_abs_error": r.measure.max_error,
+             "max_lse_error": r.measure.lse_error, "tile_bytes": r.tile_bytes, "fits": r.fits,
+             "hbm_flash": r.hbm_flash,
+             **({} if r.hbm_skipping is None else {
+                 "tiles_computed": r.measure.tiles - r.measure.skipped,
+                 "row_visits": r.measure.row_visits, "hbm_flash_skipping": r.hbm_skipping})}
+            for r in res.rows
+        ],
+    }
+
+
+def attention_sweep_doc(res, name: str, accum: str, shapes, mask_kw: dict) -> dict:
+    """osm sweep Q K V --json: sweep_doc, then Q/K/V's shapes and attention's mask keywords."""
+    doc = sweep_doc(res, name, accum)
+    sq, sk, sv = shapes
+    window = mask_kw["window"]
+    doc.update(shape_q=list(sq), shape_k=list(sk), shape_v=list(sv), batch=res.batch,
+               heads=res.heads, causal=mask_kw["causal"], causal_align=mask_kw["causal_align"],
+               window=None if window is None else list(window), mask=mask_kw["mask"] is not None,
+               error_of="O")
+    return doc
+
+
 __all__ = [
-    "attention_doc", "attention_summary", "check_doc", "precision_doc", "step_doc", "trace_doc",
-    "verdict_doc",
+    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "precision_doc",
+    "step_doc", "sweep_doc", "trace_doc", "verdict_doc",
 ]

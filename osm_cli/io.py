@@ -290,6 +290,19 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(load_array(Path(p)) for p in paths)
 
 
+def is_qkv(paths: list[str]) -> bool:
+    """Three files, or one .npz holding q, k and v: Q/K/V (else, for osm sweep, scores)."""
+    if len(paths) == 3:
+        return True
+    if len(paths) != 1 or not paths[0].lower().endswith(".npz") or not Path(paths[0]).is_file():
+        return False
+    try:
+        with np.load(paths[0], allow_pickle=False) as z:
+            return {"q", "k", "v"} <= set(z.files)
+    except Exception:  # not a readable .npz: loading it as scores reports why
+        return False
+
+
 def parse_pair(text: str, name: str) -> tuple[int, int]:
     """'LEFT,RIGHT' as two integers (-1 = unbounded)."""
     parts = [p.strip() for p in text.split(",")]

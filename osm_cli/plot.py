@@ -138,6 +138,15 @@ def sweep_png(result, title: str, error: str = "max |p − reference|") -> bytes
     return _png(fig)
 
 
+def sweep_titled_png(result, source: str, accum: str, qkv: bool = False) -> bytes:
+    """osm sweep --plot: sweep_png titled with the source and the state's dtype; for Q/K/V
+    (qkv) the error is of attention's output O."""
+    if qkv:
+        return sweep_png(result, f"{source}: block_k sweep of attention (state in {accum})",
+                         "max |O − reference|")
+    return sweep_png(result, f"{source}: block-size sweep (state in {accum})")
+
+
 def traced_head_png(hm, source: str, traced_query: int | None = None) -> bytes:
     """attention --plot: attention_png of the traced head (tilemap.HeadMap), titled with the
     source and, when the head is larger, the part of it drawn. No query or no key: an error."""
@@ -213,5 +222,5 @@ def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
 
 __all__ = [
     "INSTALL", "attention_png", "require_matplotlib", "sweep_png", "trace_png",
-    "trace_report_png", "traced_head_png",
+    "sweep_titled_png", "trace_report_png", "traced_head_png",
 ]

@@ -518,6 +518,17 @@ def bytes_text(n: int, binary: bool = False) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def attention_sweep_about(result, shapes, mask_kw: dict, accum: str) -> str:
+    """osm sweep Q K V: the `about` lines of sweep_table (shapes, mask, sizes, state dtype)."""
+    masks = [f"causal ({mask_kw['causal_align']})"] if mask_kw["causal"] else []
+    masks += [] if mask_kw["window"] is None else ["window {},{}".format(*mask_kw["window"])]
+    masks += [] if mask_kw["mask"] is None else ["--mask"]
+    sq, sk, sv = (tuple(x) for x in shapes)
+    return (f"Q {sq}  K {sk}  V {sv}, {', '.join(masks) or 'no mask'}\nB = {result.batch}, "
+            f"H = {result.heads}, {result.n_q} queries × {result.n_k} keys per head: the tiled "
+            f"forward at each block_k (state in {accum})")
+
+
 def sweep_table(result, source: str, about: str | None = None) -> Group:
     """osm sweep: per block size the measured error and rescales beside the modelled costs.
 

@@ -2,9 +2,10 @@
 
 `sweep(blocks, run, ...)` takes any `run(block) -> Measure`: `score_runner(scores)` runs online
 softmax over a score matrix; `attention_runner(q, k, v)` runs attention.py's tiled forward with
-block_k = the block size. Per block size it reports the measured error and rescale count next to
-the modelled per-tile working set and HBM traffic of tiled vs standard attention (and, when a
-mask skips tiles, FA1's block-sparse traffic of the tiles actually computed).
+block_k = the block size; `sweep_scores` and `sweep_attention` pair each with its sizes. Per
+block size it reports the measured error and rescale count next to the modelled per-tile working
+set and HBM traffic of tiled vs standard attention (and, when a mask skips tiles, FA1's
+block-sparse traffic of the tiles actually computed).
 Leaves out: files, printing, plotting.
 
 Example: sweep([2, 4], score_runner(np.array([[1., 2., 5., 3.]])), n_q=1, n_k=4, d=64).rows[0]
@@ -152,4 +153,37 @@ def attention_runner(
     return run
 
 
-__all__ = ["Measure", "Sweep", "SweepRow", "attention_runner", "score_runner", "sweep"]
+def sweep_scores(
+    blocks: Sequence[int], scores: np.ndarray, *, accum=np.float64, block_q: int | None = None,
+    head_dim: int | None = None, dtype_bytes: int = 2, sram_bytes: int = 192 * 1024,
+) -> Sweep:
+    """sweep of score_runner over the rows of `scores`, the state in `accum`; the model is for
+    head dim `head_dim` (default 64) and tiles of `block_q` rows (default 128)."""
+    bq = 128 if block_q is None else block_q
+    rows = np.atleast_2d(scores)
+    return sweep(blocks, score_runner(rows, np.dtype(accum), bq), n_q=rows.shape[0],
+                 n_k=rows.shape[1], d=64 if head_dim is None else head_dim,
+                 dtype_bytes=dtype_bytes, sram_bytes=sram_bytes, block_q=bq)
+
+
+def sweep_attention(
+    blocks: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray, *, accum=np.float64,
+    block_q: int | None = None, dtype_bytes: int = 2, sram_bytes: int = 192 * 1024, **kwargs,
+) -> Sweep:
+    """sweep of attention_runner over all of Q/K/V (block_q default 128), the state in `accum`;
+    the model takes d, the lengths, heads and batch from Q and K. kwargs are attention's mask,
+    scale and layout keywords."""
+    from .attention import as_bhnd
+
+    layout = kwargs.get("layout", "bhnd")
+    (b, hq, t, d), s = as_bhnd(q, layout, "Q").shape, as_bhnd(k, layout, "K").shape[2]
+    bq = 128 if block_q is None else block_q
+    runner = attention_runner(q, k, v, block_q=bq, accum=np.dtype(accum), **kwargs)
+    return sweep(blocks, runner, n_q=t, n_k=s, d=d, heads=hq, batch=b, dtype_bytes=dtype_bytes,
+                 sram_bytes=sram_bytes, block_q=bq)
+
+
+__all__ = [
+    "Measure", "Sweep", "SweepRow", "attention_runner", "score_runner", "sweep",
+    "sweep_attention", "sweep_scores",
+]
