@@ -20,6 +20,7 @@ from rich.console import Console
 from . import documents, export, io, render, report, tilemap
 from . import plot as plots
 from .errors import OsmError
+from .merge import merge_report
 from .sweep import sweep_attention, sweep_scores
 
 app = typer.Typer(
@@ -538,54 +539,19 @@ def merge(
       osm merge o0.npy lse0.npy o1.npy lse1.npy --out o.npy --lse lse.npy
       osm merge o0.npy lse0.npy o1.npy lse1.npy --lse-base 2 --row 5
     """
-    from .merge import merge_detail, split_stats
-
     if out_path is not None and lse_path is not None and out_path.resolve() == lse_path.resolve():
         raise OsmError(f"--out and --lse are the same file ({out_path}); give two names")
     outs, lses = io.load_partials(files)
-    merged = merge_detail(outs, lses, lse_base.value)
-    stats = split_stats(merged, lses)
-    n_rows = merged.lse.size
-    if row >= n_rows:
-        raise OsmError(f"--row {row} is out of range; the partials have {n_rows} row(s)")
-    written = ((out_path, merged.out, files[0::2]), (lse_path, merged.lse, files[1::2]))
-    for path, arr, src in written:
+    rep = merge_report(outs, lses, lse_base.value, row)
+    for path, arr, src in ((out_path, rep.merged.out, files[0::2]),
+                           (lse_path, rep.merged.lse, files[1::2])):
         if path is not None:
-            io.save_npy(path, arr.astype(_float_dtype(src)))
+            io.save_npy(path, arr.astype(io.float_dtype(src)))
             err.print(f"wrote {path} {tuple(arr.shape)}", markup=False)
-    row_lses = [float(x.reshape(-1)[row]) for x in lses]
     if as_json:
-        emit_json(_merge_json(files, stats, merged, row, row_lses))
-        return
+        return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
-    out.print(render.merge_table(names, stats, merged, row, row_lses))
-
-
-def _float_dtype(paths) -> np.dtype:
-    """The dtype to write a merge in: the inputs' common numpy float, else float64."""
-    kinds = {io.load_array(Path(p)).dtype for p in paths}
-    common = np.result_type(*kinds) if all(k.kind == "f" for k in kinds) else np.float64
-    return np.dtype(common if common in (np.float16, np.float32, np.float64) else np.float64)
-
-
-def _merge_json(files, stats, merged, row, row_lses) -> dict:
-    weights = merged.weights.reshape(len(stats), -1)
-    return {
-        "lse_base": merged.lse_base,
-        "shape": list(merged.out.shape),
-        "rows": int(merged.lse.size),
-        "empty_rows": int(np.isneginf(merged.lse).sum()),
-        "splits": [
-            {"o": str(o), "lse": str(lse), "rows": st.rows, "empty_rows": st.empty,
-             "pos_inf": st.pos_inf, "lse_min": st.lse_min, "lse_max": st.lse_max,
-             "weight_min": st.weight_min, "weight_max": st.weight_max,
-             "weight_mean": st.weight_mean, "row_lse": rl, "row_weight": weights[st.split, row]}
-            for st, o, lse, rl in zip(stats, files[0::2], files[1::2], row_lses, strict=True)
-        ],
-        "row": row,
-        "row_lse": merged.lse.reshape(-1)[row],
-        "row_out": merged.out.reshape(merged.lse.size, -1)[row],
-    }
+    out.print(render.merge_table(names, rep.stats, rep.merged, row, rep.row_lses))
 
 
 def _block_list(text: str) -> list[int]:

@@ -9,6 +9,8 @@ Example: trace_doc(trace_report(np.array([2., 4., 1., 3.]), 2))["steps"][1]["l"]
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def step_doc(st) -> dict:
     """One block of a traced row (online.Step)."""
@@ -168,6 +170,29 @@ def sweep_doc(res, name: str, accum: str) -> dict:
     }
 
 
+def merge_doc(files, rep) -> dict:
+    """osm merge --json (merge.MergeReport); files are the pairs O_0 LSE_0 O_1 LSE_1 … given."""
+    merged, row = rep.merged, rep.row
+    weights = merged.weights.reshape(len(rep.stats), -1)
+    return {
+        "lse_base": merged.lse_base,
+        "shape": list(merged.out.shape),
+        "rows": int(merged.lse.size),
+        "empty_rows": int(np.isneginf(merged.lse).sum()),
+        "splits": [
+            {"o": str(o), "lse": str(lse), "rows": st.rows, "empty_rows": st.empty,
+             "pos_inf": st.pos_inf, "lse_min": st.lse_min, "lse_max": st.lse_max,
+             "weight_min": st.weight_min, "weight_max": st.weight_max,
+             "weight_mean": st.weight_mean, "row_lse": rl, "row_weight": weights[st.split, row]}
+            for st, o, lse, rl in zip(rep.stats, files[0::2], files[1::2], rep.row_lses,
+                                      strict=True)
+        ],
+        "row": row,
+        "row_lse": merged.lse.reshape(-1)[row],
+        "row_out": merged.out.reshape(merged.lse.size, -1)[row],
+    }
+
+
 def attention_sweep_doc(res, name: str, accum: str, shapes, mask_kw: dict) -> dict:
     """osm sweep Q K V --json: sweep_doc, then Q/K/V's shapes and attention's mask keywords."""
     doc = sweep_doc(res, name, accum)
@@ -181,6 +206,6 @@ def attention_sweep_doc(res, name: str, accum: str, shapes, mask_kw: dict) -> di
 
 
 __all__ = [
-    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "precision_doc",
-    "step_doc", "sweep_doc", "trace_doc", "verdict_doc",
+    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "merge_doc",
+    "precision_doc", "step_doc", "sweep_doc", "trace_doc", "verdict_doc",
 ]

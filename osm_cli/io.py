@@ -303,6 +303,13 @@ def is_qkv(paths: list[str]) -> bool:
         return False
 
 
+def float_dtype(paths) -> np.dtype:
+    """The dtype to write results of these inputs in: their common numpy float, else float64."""
+    kinds = {load_array(Path(p)).dtype for p in paths}
+    common = np.result_type(*kinds) if all(k.kind == "f" for k in kinds) else np.float64
+    return np.dtype(common if common in (np.float16, np.float32, np.float64) else np.float64)
+
+
 def parse_pair(text: str, name: str) -> tuple[int, int]:
     """'LEFT,RIGHT' as two integers (-1 = unbounded)."""
     parts = [p.strip() for p in text.split(",")]

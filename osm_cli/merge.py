@@ -6,7 +6,7 @@ Two views of one fact: partial softmax results over disjoint sets of keys can be
   split-KV kernel (Flash-Decoding, FlashInfer's merge_state) writes them (NUMERICS §4):
   L = logsumexp_s LSE_s, out = Σ_s exp(LSE_s − L)·O_s. A chunk with no visible keys has
   LSE −inf (or +inf, FA2's marker for it, read as −inf) and weight 0; all chunks empty gives
-  O = 0, LSE = −inf, never NaN.
+  O = 0, LSE = −inf, never NaN. `merge_report` is what `osm merge` shows of such a merge.
 - `tree_merge` / `fold_merge` merge *unnormalised* online states (m, l, O) with online.combine,
   pairwise or left to right; `order_check` shows that any block order and any grouping give the
   one-shot result to rounding.
@@ -255,8 +255,33 @@ def order_check(
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# What osm merge shows
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What `osm merge` shows: the merge, each split summarised, and one row in detail."""
+
+    merged: Merged
+    stats: tuple[SplitStat, ...]
+    row: int  # a flat index over O's leading axes
+    row_lses: tuple[float, ...]  # each split's LSE at `row`, as given
+
+
+def merge_report(outs, lses, lse_base: str = "e", row: int = 0) -> MergeReport:
+    """merge_detail and split_stats of the partials, and each split's LSE at `row`."""
+    merged = merge_detail(outs, lses, lse_base)
+    stats = split_stats(merged, lses)
+    if row >= merged.lse.size:
+        raise InputError(f"--row {row} is out of range; the partials have {merged.lse.size} "
+                         "row(s)")
+    return MergeReport(merged, stats, row,
+                       tuple(float(np.asarray(x).reshape(-1)[row]) for x in lses))
+
+
 __all__ = [
-    "LSE_BASES", "ORDERS", "Merged", "OrderCheck", "SplitStat", "block_order", "fold_merge",
-    "merge_detail", "merge_partials", "order_check", "partials", "split_stats", "tree_merge",
-    "tree_softmax",
+    "LSE_BASES", "ORDERS", "MergeReport", "Merged", "OrderCheck", "SplitStat", "block_order",
+    "fold_merge", "merge_detail", "merge_partials", "merge_report", "order_check", "partials",
+    "split_stats", "tree_merge", "tree_softmax",
 ]
