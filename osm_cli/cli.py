@@ -1,5 +1,10 @@
 """The `osm` command line: parse options, call io -> core -> render, map errors to exit codes.
 
+Each command loads its inputs (io.py), makes one call into the core (report.py, sweep.py,
+merge.py, precision.py, costmodel.py), then prints renderables (render.py), emits a JSON document
+(documents.py) or writes files (export.py, plot.py). The choices and shared options come first,
+then the commands in the order `osm --help` lists them, then the plumbing they share.
+
 Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
 Nothing else lives here.
 """
@@ -67,10 +72,135 @@ def emit_json(obj) -> None:
     sys.stdout.write(io.dumps(obj) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------
+# Choices, option values, and the options several commands share: one definition each
+
+
 class Form(str, Enum):
     rescale = "rescale"
     merge = "merge"
     both = "both"
+
+
+class Align(str, Enum):
+    bottom_right = "bottom-right"
+    top_left = "top-left"
+
+
+class Layout(str, Enum):
+    bhnd = "bhnd"
+    bnhd = "bnhd"
+
+
+class MaskedLse(str, Enum):
+    neg_inf = "neg-inf"
+    pos_inf = "pos-inf"
+    zero = "zero"
+
+
+class TileOrder(str, Enum):
+    forward = "forward"
+    reverse = "reverse"
+    shuffle = "shuffle"
+
+
+class UpdateForm(str, Enum):
+    rescale = "rescale"
+    merge = "merge"
+
+
+class PrecisionModel(str, Enum):
+    flash = "flash"
+    naive = "naive"
+
+
+class AccumDtype(str, Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+class LseBase(str, Enum):
+    e = "e"
+    two = "2"
+
+
+def _dtype_name(value):
+    """--dtype: a dtype name or alias, as its canonical name (a bad one exits 2)."""
+    if value is None:
+        return None
+    from .precision import resolve_dtype
+
+    try:
+        return resolve_dtype(value)[0]
+    except OsmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _dtype_names(values):
+    return None if not values else [_dtype_name(v) for v in values]
+
+
+def _block_list(text: str) -> list[int]:
+    try:
+        blocks = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give whole numbers separated by commas") from None
+    if not blocks or min(blocks) < 1:
+        raise typer.BadParameter(f"{text!r}: block sizes must be at least 1")
+    return blocks
+
+
+def _size(text: str) -> int:
+    from .costmodel import parse_size
+
+    try:
+        return parse_size(text)
+    except OsmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+_DTYPES_HELP = ("float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 "
+                "(or fp64, fp32, fp16, bf16, e4m3, e5m2)")
+
+# Options that attention, check, sweep and trace share.
+CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal mask.")]
+CausalAlignOpt = Annotated[
+    Align, typer.Option("--causal-align", help="bottom-right (FlashAttention) or top-left "
+                        "(PyTorch is_causal) when Q and K lengths differ.")
+]
+WindowOpt = Annotated[
+    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
+]
+MaskOpt = Annotated[
+    str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
+                             "bool (True = attend) or float (added to the scores).")
+]
+ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")]
+LayoutOpt = Annotated[
+    Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
+]
+DtypeOpt = Annotated[str | None, typer.Option(
+    "--dtype", callback=_dtype_name, help=f"Round inputs to this dtype: {_DTYPES_HELP}.")]
+PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
+    "--precision", help="With --dtype: flash (a FlashAttention kernel: fp32 state, P rounded "
+    "before P·V; the default) or naive (everything in the dtype).")]
+AccumOpt = Annotated[AccumDtype | None, typer.Option(
+    "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
+# Options shared by trace and attention.
+CsvOpt = Annotated[Path | None, typer.Option(
+    "--csv", metavar="FILE", help="Also write the step table to FILE as CSV.")]
+StepOpt = Annotated[bool, typer.Option(
+    "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
+    "space: next, q: quit).")]
+PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of the head
+# attention's tile size options, shared with sweep (where --block-k is the swept size).
+BlockQOpt = Annotated[
+    int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands, in the order `osm --help` lists them
 
 
 @app.command()
@@ -135,189 +265,6 @@ def trace(
     tables = [render.step_table(t, show_all, out.width) for t in rep.traces]
     if _present(step, heads, pages, tables):
         out.print(render.trace_results(rep, show_all, out.width))
-
-
-def _trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:
-    """trace's option checks, in this order: --row, --dtype's company, --rescale-threshold."""
-    n_rows = np.atleast_2d(s).shape[0]
-    if row >= n_rows:
-        raise OsmError(f"{name}: --row {row} is out of range; it has {n_rows} row(s)")
-    if dtype is None and precision is not None:
-        raise OsmError("--precision needs --dtype")
-    if dtype is not None and others:
-        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
-                       "--plot or --step")
-    if dtype is None and threshold and form is not Form.rescale:
-        raise OsmError("--rescale-threshold applies to --form rescale only")
-    if dtype is None and not np.isfinite(threshold):
-        raise OsmError("--rescale-threshold must be a finite number")
-
-
-def _need_plot(plot) -> None:
-    """--plot asks for matplotlib: say so before any work is done."""
-    if plot is not None:
-        plots.require_matplotlib()
-
-
-def _save(path: Path, data: str | bytes, what: str, wrap: bool = False) -> None:
-    """Write an output file (atomically), then say so on stderr."""
-    (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
-    err.print(f"wrote {path} ({what})", markup=False, soft_wrap=wrap)
-
-
-def _present(step: bool, heads: list, pages: list, tables: list, after: list = ()) -> bool:
-    """Print the headers, then the tables; or, under --step in a terminal, each page (frame,
-    count, unit) one key press at a time, then `after`. False when the user quit early."""
-    if _step_interactive(step) and all(count for _, count, _ in pages):
-        getkey = _step_keys()
-        for frame, count, unit in pages:
-            if not _step_frames(frame, count, unit, getkey):
-                return False
-        for r in after:
-            out.print(r)
-        return True
-    for r in (*heads, *tables):
-        out.print(r)
-    return True
-
-def _step_interactive(step: bool) -> bool:
-    """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
-    from . import stepmode
-
-    if step and stepmode.interactive(sys.stdin, sys.stdout):
-        return True
-    if step:
-        which = "output" if not sys.stdout.isatty() else "input"
-        err.print(f"--step: standard {which} is not a terminal; showing the whole table")
-    return False
-
-
-def _step_keys():
-    from . import stepmode
-
-    return stepmode.buffered(_getkey)
-
-
-def _step_frames(frame, count: int, unit: str, getkey) -> bool:
-    """Show frame(k) one key press at a time; False (and a note) when the user quit early."""
-    from . import stepmode
-
-    shown = stepmode.step_through(out, frame, count, getkey)
-    if shown < count:
-        err.print(f"stopped at {unit} {shown} of {count}")
-        return False
-    return True
-
-
-def _getkey() -> str:
-    try:
-        return typer.getchar()
-    except (KeyboardInterrupt, EOFError):
-        return "q"
-
-
-class Align(str, Enum):
-    bottom_right = "bottom-right"
-    top_left = "top-left"
-
-
-class Layout(str, Enum):
-    bhnd = "bhnd"
-    bnhd = "bnhd"
-
-
-class MaskedLse(str, Enum):
-    neg_inf = "neg-inf"
-    pos_inf = "pos-inf"
-    zero = "zero"
-
-
-class TileOrder(str, Enum):
-    forward = "forward"
-    reverse = "reverse"
-    shuffle = "shuffle"
-
-
-class UpdateForm(str, Enum):
-    rescale = "rescale"
-    merge = "merge"
-
-
-class PrecisionModel(str, Enum):
-    flash = "flash"
-    naive = "naive"
-
-
-class AccumDtype(str, Enum):
-    float32 = "float32"
-    float64 = "float64"
-
-
-def _dtype_name(value):
-    """--dtype: a dtype name or alias, as its canonical name (a bad one exits 2)."""
-    if value is None:
-        return None
-    from .precision import resolve_dtype
-
-    try:
-        return resolve_dtype(value)[0]
-    except OsmError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
-def _dtype_names(values):
-    return None if not values else [_dtype_name(v) for v in values]
-
-
-_DTYPES_HELP = ("float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 "
-                "(or fp64, fp32, fp16, bf16, e4m3, e5m2)")
-
-# Options shared by attention, check and trace: one definition each.
-CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal mask.")]
-CausalAlignOpt = Annotated[
-    Align, typer.Option("--causal-align", help="bottom-right (FlashAttention) or top-left "
-                        "(PyTorch is_causal) when Q and K lengths differ.")
-]
-WindowOpt = Annotated[
-    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
-]
-MaskOpt = Annotated[
-    str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
-                             "bool (True = attend) or float (added to the scores).")
-]
-ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")]
-LayoutOpt = Annotated[
-    Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
-]
-DtypeOpt = Annotated[str | None, typer.Option(
-    "--dtype", callback=_dtype_name, help=f"Round inputs to this dtype: {_DTYPES_HELP}.")]
-PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
-    "--precision", help="With --dtype: flash (a FlashAttention kernel: fp32 state, P rounded "
-    "before P·V; the default) or naive (everything in the dtype).")]
-AccumOpt = Annotated[AccumDtype | None, typer.Option(
-    "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
-# Options shared by trace and attention.
-CsvOpt = Annotated[Path | None, typer.Option(
-    "--csv", metavar="FILE", help="Also write the step table to FILE as CSV.")]
-StepOpt = Annotated[bool, typer.Option(
-    "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
-    "space: next, q: quit).")]
-PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of the head
-# attention's tile size options, shared with sweep (where --block-k is the swept size).
-BlockQOpt = Annotated[
-    int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
-]
-
-
-def _mask_kwargs(causal, causal_align, window, mask, scale, layout) -> dict:
-    """attention's mask, scale and layout keywords from the shared options."""
-    win = None if window is None else io.parse_pair(window, "--window")
-    mask_arr = None
-    if mask is not None:
-        mask_arr = io.load_array(Path(mask), mmap=False)
-        io.check_mask(mask_arr, mask)
-    return dict(causal=causal, scale=scale, layout=layout.value,
-                causal_align=causal_align.value, window=win, mask=mask_arr)
 
 
 @app.command()
@@ -423,54 +370,6 @@ def attention(
         out.print(render.split_table(rep.split))
 
 
-def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
-    """attention --csv and --plot: the traced row's tile table and the traced head's picture.
-
-    The picture is drawn before either file is written, so a head it cannot draw leaves none.
-    """
-    b, h, i = res.traced
-    png = None
-    if plot is not None:
-        hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
-                                        block_q=res.block_q, block_k=res.block_k, **kwargs)
-        png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
-                                    ", ".join(Path(f).name for f in files), i)
-    if csv is not None:
-        _save(csv, export.tiles_csv(res), "tile table of the traced row, CSV", wrap=True)
-    if png is not None:
-        _save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG",
-              wrap=True)
-
-
-class _progress:
-    """A rich progress bar on stderr for runs over about a second, only on a terminal."""
-
-    def __enter__(self):
-        self.bar = None
-        if not err.is_terminal:
-            return None
-        import time
-
-        start = time.monotonic()
-
-        def tick(done, total):
-            if self.bar is None and time.monotonic() - start > 1.0 and done < total:
-                self.bar = render.progress_bar(err)
-                self.bar.start()
-                self.task = self.bar.add_task("attention", total=total)
-            if self.bar is not None:
-                self.bar.update(self.task, completed=done)
-            if self.bar is not None and done >= total:  # the run is over; its checks are not
-                self.bar.stop()
-                self.bar = None
-
-        return tick
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-
-
 @app.command("overflow-demo")
 @guarded
 def overflow_demo(
@@ -502,11 +401,6 @@ def overflow_demo(
     out.print(render.overflow_tables(result))
     if any(not np.array_equal(r.held, result.values) for r in result.rows):
         out.print(render.held_table(result))
-
-
-class LseBase(str, Enum):
-    e = "e"
-    two = "2"
 
 
 @app.command()
@@ -552,25 +446,6 @@ def merge(
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
     out.print(render.merge_table(names, rep.stats, rep.merged, row, rep.row_lses))
-
-
-def _block_list(text: str) -> list[int]:
-    try:
-        blocks = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: give whole numbers separated by commas") from None
-    if not blocks or min(blocks) < 1:
-        raise typer.BadParameter(f"{text!r}: block sizes must be at least 1")
-    return blocks
-
-
-def _size(text: str) -> int:
-    from .costmodel import parse_size
-
-    try:
-        return parse_size(text)
-    except OsmError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command()
@@ -677,19 +552,12 @@ def cost(
     Example (GPT-2 medium, FA1 Fig. 2):
       osm cost -n 1024 -d 64 --heads 16 --batch 64
     """
-    from dataclasses import asdict
-
     from .costmodel import cost as model
 
     c = model(seq_len, head_dim, heads, batch, dtype_bytes, sram)
     if as_json:
-        emit_json(asdict(c))
-        return
+        return emit_json(documents.cost_doc(c))
     out.print(render.cost_table(c))
-
-
-# ---------------------------------------------------------------------------------------------
-# precision: --dtype on attention and trace, and osm check
 
 
 @app.command()
@@ -740,6 +608,145 @@ def check(
     if not rep.verdict.passed:
         err.print(f"FAIL: {prec.fail_line(rep)}", markup=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the commands share: option checks, output files, step mode, the progress bar
+
+
+def _trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:
+    """trace's option checks, in this order: --row, --dtype's company, --rescale-threshold."""
+    n_rows = np.atleast_2d(s).shape[0]
+    if row >= n_rows:
+        raise OsmError(f"{name}: --row {row} is out of range; it has {n_rows} row(s)")
+    if dtype is None and precision is not None:
+        raise OsmError("--precision needs --dtype")
+    if dtype is not None and others:
+        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
+                       "--plot or --step")
+    if dtype is None and threshold and form is not Form.rescale:
+        raise OsmError("--rescale-threshold applies to --form rescale only")
+    if dtype is None and not np.isfinite(threshold):
+        raise OsmError("--rescale-threshold must be a finite number")
+
+
+def _mask_kwargs(causal, causal_align, window, mask, scale, layout) -> dict:
+    """attention's mask, scale and layout keywords from the shared options."""
+    win = None if window is None else io.parse_pair(window, "--window")
+    return dict(causal=causal, scale=scale, layout=layout.value, causal_align=causal_align.value,
+                window=win, mask=None if mask is None else io.load_mask(mask))
+
+
+def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
+    """attention --csv and --plot: the traced row's tile table and the traced head's picture.
+
+    The picture is drawn before either file is written, so a head it cannot draw leaves none.
+    """
+    b, h, i = res.traced
+    png = None
+    if plot is not None:
+        hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
+                                        block_q=res.block_q, block_k=res.block_k, **kwargs)
+        png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
+                                    ", ".join(Path(f).name for f in files), i)
+    if csv is not None:
+        _save(csv, export.tiles_csv(res), "tile table of the traced row, CSV", wrap=True)
+    if png is not None:
+        _save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG",
+              wrap=True)
+
+
+def _need_plot(plot) -> None:
+    """--plot asks for matplotlib: say so before any work is done."""
+    if plot is not None:
+        plots.require_matplotlib()
+
+
+def _save(path: Path, data: str | bytes, what: str, wrap: bool = False) -> None:
+    """Write an output file (atomically), then say so on stderr."""
+    (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
+    err.print(f"wrote {path} ({what})", markup=False, soft_wrap=wrap)
+
+
+def _present(step: bool, heads: list, pages: list, tables: list, after: list = ()) -> bool:
+    """Print the headers, then the tables; or, under --step in a terminal, each page (frame,
+    count, unit) one key press at a time, then `after`. False when the user quit early."""
+    if _step_interactive(step) and all(count for _, count, _ in pages):
+        getkey = _step_keys()
+        for frame, count, unit in pages:
+            if not _step_frames(frame, count, unit, getkey):
+                return False
+        for r in after:
+            out.print(r)
+        return True
+    for r in (*heads, *tables):
+        out.print(r)
+    return True
+
+
+def _step_interactive(step: bool) -> bool:
+    """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
+    from . import stepmode
+
+    if step and stepmode.interactive(sys.stdin, sys.stdout):
+        return True
+    if step:
+        which = "output" if not sys.stdout.isatty() else "input"
+        err.print(f"--step: standard {which} is not a terminal; showing the whole table")
+    return False
+
+
+def _step_keys():
+    from . import stepmode
+
+    return stepmode.buffered(_getkey)
+
+
+def _step_frames(frame, count: int, unit: str, getkey) -> bool:
+    """Show frame(k) one key press at a time; False (and a note) when the user quit early."""
+    from . import stepmode
+
+    shown = stepmode.step_through(out, frame, count, getkey)
+    if shown < count:
+        err.print(f"stopped at {unit} {shown} of {count}")
+        return False
+    return True
+
+
+def _getkey() -> str:
+    try:
+        return typer.getchar()
+    except (KeyboardInterrupt, EOFError):
+        return "q"
+
+
+class _progress:
+    """A rich progress bar on stderr for runs over about a second, only on a terminal."""
+
+    def __enter__(self):
+        self.bar = None
+        if not err.is_terminal:
+            return None
+        import time
+
+        start = time.monotonic()
+
+        def tick(done, total):
+            if self.bar is None and time.monotonic() - start > 1.0 and done < total:
+                self.bar = render.progress_bar(err)
+                self.bar.start()
+                self.task = self.bar.add_task("attention", total=total)
+            if self.bar is not None:
+                self.bar.update(self.task, completed=done)
+            if self.bar is not None and done >= total:  # the run is over; its checks are not
+                self.bar.stop()
+                self.bar = None
+
+        return tick
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,8 @@ Example: trace_doc(trace_report(np.array([2., 4., 1., 3.]), 2))["steps"][1]["l"]
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 
@@ -205,7 +207,13 @@ def attention_sweep_doc(res, name: str, accum: str, shapes, mask_kw: dict) -> di
     return doc
 
 
+def cost_doc(c) -> dict:
+    """osm cost --json (costmodel.Cost): its fields, in order."""
+    return asdict(c)
+
+
 __all__ = [
-    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "merge_doc",
+    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "cost_doc",
+    "merge_doc",
     "precision_doc", "step_doc", "sweep_doc", "trace_doc", "verdict_doc",
 ]

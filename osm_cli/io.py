@@ -339,6 +339,13 @@ def check_mask(mask: np.ndarray, name: str) -> None:
                          "(use -inf to hide a key)")
 
 
+def load_mask(path: str) -> np.ndarray:
+    """A --mask file: boolean (True = attend) or float (added to the scores), read into memory."""
+    mask = load_array(Path(path), mmap=False)
+    check_mask(mask, path)
+    return mask
+
+
 def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split-KV partial results from pairs of files O_0 LSE_0 O_1 LSE_1 …, checked and as float64.
 
