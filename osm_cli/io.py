@@ -126,9 +126,12 @@ def check_real(arr: np.ndarray, name: str) -> None:
         raise InputError(f"{name}: has dtype {arr.dtype}; osm needs a numeric array")
 
 
-def _index(flat: int, shape: tuple) -> str:
-    idx = np.unravel_index(flat, shape)
-    return str(int(idx[0])) if len(shape) == 1 else "(" + ", ".join(str(int(i)) for i in idx) + ")"
+def _first(bad: np.ndarray) -> str | None:
+    """Where the first True of `bad` is, as an error shows it ("3" or "(1, 2)"); None if none."""
+    if not bad.any():
+        return None
+    idx = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+    return str(int(idx[0])) if bad.ndim == 1 else "(" + ", ".join(str(int(i)) for i in idx) + ")"
 
 
 def check_scores(scores: np.ndarray, name: str) -> np.ndarray:
@@ -148,13 +151,9 @@ def check_scores(scores: np.ndarray, name: str) -> np.ndarray:
     if scores.size == 0:
         raise InputError(f"{name}: is empty {tuple(scores.shape)}; there are no scores")
     out = np.asarray(scores, dtype=np.float64)
-    bad = np.isnan(out)
-    if bad.any():
-        at = _index(int(np.flatnonzero(bad)[0]), out.shape)
+    if (at := _first(np.isnan(out))) is not None:
         raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
-    bad = np.isposinf(out)
-    if bad.any():
-        at = _index(int(np.flatnonzero(bad)[0]), out.shape)
+    if (at := _first(np.isposinf(out))) is not None:
         raise InputError(
             f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
             "Mask a score with -inf"
@@ -367,13 +366,9 @@ def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]
         if o.ndim < 1 or o.size == 0:
             raise InputError(f"{o_path}: an output needs a last axis dv of at least 1, {o.shape}")
         for arr, p, what in ((o, o_path, "output"), (lse, l_path, "LSE")):
-            bad = np.isnan(arr)
-            if bad.any():
-                at = _index(int(np.flatnonzero(bad)[0]), arr.shape)
+            if (at := _first(np.isnan(arr))) is not None:
                 raise InputError(f"{p}: NaN at index {at}; a partial {what} must not be NaN")
-        bad = np.isinf(o)
-        if bad.any():
-            at = _index(int(np.flatnonzero(bad)[0]), o.shape)
+        if (at := _first(np.isinf(o))) is not None:
             raise InputError(f"{o_path}: inf at index {at}; a normalised output is finite")
         if lse.shape != o.shape[:-1]:
             hint = (
