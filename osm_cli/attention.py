@@ -144,6 +144,13 @@ def check_inputs(q, k, v) -> None:
         )
 
 
+def bhnd_inputs(q, k, v, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K and V viewed as (B, H, N, d) (as_bhnd) and checked against each other."""
+    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
+    check_inputs(q4, k4, v4)
+    return q4, k4, v4
+
+
 def _broadcast_mask(mask: np.ndarray, shape: tuple) -> np.ndarray:
     try:
         return np.broadcast_to(mask, shape)
@@ -239,8 +246,7 @@ def attention(
         raise InputError(f"form must be one of {FORMS}, not {form!r}")
     if masked_lse not in MASKED_LSE:
         raise InputError(f"masked LSE must be one of {', '.join(MASKED_LSE)}, not {masked_lse!r}")
-    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
-    check_inputs(q4, k4, v4)
+    q4, k4, v4 = bhnd_inputs(q, k, v, layout)
     b, hq, t, d = q4.shape
     hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
     g = hq // hk
@@ -416,8 +422,7 @@ def reference(q, k, v, *, causal=False, scale=None, layout="bhnd", causal_align=
     """The float64 one-shot (out, lse) for the same conventions as `attention`, shaped alike."""
     from . import reference as ref
 
-    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
-    check_inputs(q4, k4, v4)
+    q4, k4, v4 = bhnd_inputs(q, k, v, layout)
     b, hq, t, d = q4.shape
     hk, s = k4.shape[1], k4.shape[2]
     heads = np.arange(hq) // (hq // hk)  # GQA: query head h reads kv head h // (Hq / Hkv)

@@ -29,7 +29,7 @@ from .attention import (
     Attention,
     as_bhnd,
     attention,
-    check_inputs,
+    bhnd_inputs,
     default_blocks,
     from_bhnd,
     make_band,
@@ -501,8 +501,7 @@ def plain(q, k, v, dtype, *, causal=False, scale=None, layout="bhnd",
     def rnd(x):
         return round_to(x, dt, c)
 
-    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
-    check_inputs(q4, k4, v4)
+    q4, k4, v4 = bhnd_inputs(q, k, v, layout)
     b, hq, t, d = q4.shape
     hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
     heads = np.arange(hq) // (hq // hk)  # GQA: query head h reads kv head h // (Hq / Hkv)
