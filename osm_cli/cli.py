@@ -500,10 +500,9 @@ def sweep(
     files = files or []
     _need_plot(plot)
     qkv = io.is_qkv(files)
+    _sweep_checks(files, qkv, values, head_dim, causal or (window, mask, scale) != (None,) * 3
+                  or layout is not Layout.bhnd or causal_align is not Align.bottom_right)
     if qkv:
-        if values is not None or head_dim is not None:
-            raise OsmError("--values and --head-dim are for scores; Q/K/V carry their own keys "
-                           "and head dim")
         kwargs = _mask_kwargs(causal, causal_align, window, mask, scale, layout)
         q, k, v = io.load_qkv(files)
         res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
@@ -513,13 +512,6 @@ def sweep(
         about = render.attention_sweep_about(res, shapes, kwargs, accum.value)
         doc = documents.attention_sweep_doc(res, name, accum.value, shapes, kwargs)
     else:
-        if len(files) > 1:
-            raise OsmError(f"sweep takes SCORES, or Q K V (three .npy files or one .npz with q, "
-                           f"k, v); got {len(files)} files")
-        if (causal or (window, mask, scale) != (None, None, None) or layout is not Layout.bhnd
-                or causal_align is not Align.bottom_right):
-            raise OsmError("--causal, --causal-align, --window, --mask, --scale and --layout are "
-                           "for Q/K/V; scores carry their mask as -inf")
         s, name = io.load_scores(files[0] if files else None, values)
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
@@ -628,6 +620,20 @@ def _trace_checks(s, name, row, form, threshold, dtype, precision, others) -> No
         raise OsmError("--rescale-threshold applies to --form rescale only")
     if dtype is None and not np.isfinite(threshold):
         raise OsmError("--rescale-threshold must be a finite number")
+
+
+def _sweep_checks(files, qkv: bool, values, head_dim, mask_given: bool) -> None:
+    """sweep's option checks: --values and --head-dim are for scores, the mask options for
+    Q/K/V, and scores come from one file at most."""
+    if qkv and (values is not None or head_dim is not None):
+        raise OsmError("--values and --head-dim are for scores; Q/K/V carry their own keys and "
+                       "head dim")
+    if not qkv and len(files) > 1:
+        raise OsmError(f"sweep takes SCORES, or Q K V (three .npy files or one .npz with q, k, "
+                       f"v); got {len(files)} files")
+    if not qkv and mask_given:
+        raise OsmError("--causal, --causal-align, --window, --mask, --scale and --layout are for "
+                       "Q/K/V; scores carry their mask as -inf")
 
 
 def _mask_kwargs(causal, causal_align, window, mask, scale, layout) -> dict:
