@@ -9,7 +9,8 @@ is never formed: memory is O(N·d) plus one tile.
 Conventions (NUMERICS §2-§3): scale 1/sqrt(d); causal bottom-right (FlashAttention ≥ 2.1) or
 top-left (PyTorch is_causal); boolean masks True = attend, float masks added to the scores;
 GQA query head h reads kv head h // (Hq / Hkv); fully masked rows give output 0 and an LSE of
--inf, +inf or 0 by name. Leaves out: files (io.py), the reference (reference.py), printing.
+-inf, +inf or 0 by name. Leaves out: files (io.py), the reference (reference.py), printing
+(render.py), JSON (documents.py).
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ put where a kernel rounds:
   final O / l rounded to the dtype; LSE kept in float32.
 - "naive": plain attention in the dtype, each op's result rounded to it as PyTorch does for
   16-bit tensors (float32 inside the matmul and the softmax): Q·scale, S, softmax(S), P·V.
+`prepare` and `run` turn attention's --dtype, --precision and --accum into a model and its run.
 The verdict is FlashAttention's own test rule (NUMERICS §5). Rounding is round-to-nearest-even
 by numpy/ml_dtypes `astype`; values are carried in float32 (float64 for float64) holding exactly
 the dtype's numbers, because numpy's matmul has no 16- or 8-bit path.
-Leaves out: the algorithm itself (online.py, attention.py) and printing (render.py).
+Leaves out: the algorithm itself (online.py, attention.py), printing (render.py), JSON
+(documents.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from osm_cli.merge import (
     block_order,
     fold_merge,
     merge_detail,
+    merge_report,
     order_check,
     partials,
     split_stats,
@@ -335,3 +336,16 @@ def test_cli_merge_bad_inputs(runner, tmp_path, case, message):
     assert r.stderr.startswith("Error: ")
     assert message in r.stderr
     assert r.stdout == ""
+
+
+def test_merge_report_row():
+    """merge_detail and split_stats as they are, each split's LSE at the row as given (+inf
+    kept), and a row past the end refused."""
+    outs = [np.ones((3, 2)), np.zeros((3, 2))]
+    lses = [np.array([0.0, 1.0, np.inf]), np.array([LN2, -np.inf, 2.0])]
+    rep = merge_report(outs, lses, row=2)
+    assert rep.row_lses == (np.inf, 2.0)
+    np.testing.assert_array_equal(rep.merged.lse, merge_detail(outs, lses).lse)
+    assert rep.stats == split_stats(rep.merged, lses)
+    with pytest.raises(InputError, match="--row 3 is out of range; the partials have 3 row"):
+        merge_report(outs, lses, row=3)

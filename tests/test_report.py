@@ -1,0 +1,109 @@
+"""report.py: one record per command with the run, its oracles and the checks asked for.
+
+The worked example is the seed's [2, 4 | 1, 3]; the rest checks that each option fills in its
+part of the record (and only that part) with the numbers the core modules give on their own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from osm_cli import precision as P
+from osm_cli.attention import attention, errors, reference
+from osm_cli.lazy import lazy_report
+from osm_cli.report import attention_report, trace_report
+
+E = math.exp
+SCORES = np.array([2.0, 4.0, 1.0, 3.0])
+
+
+def test_trace_report_worked_example():
+    """[2, 4 | 1, 3] in both forms: m = 4, l = e^-2 + 1 + e^-3 + e^-1 = 1.5530018 either way,
+    and both agree with the one-shot softmax to the last bit or two."""
+    rep = trace_report(SCORES, 2, "both")
+    assert [t.form for t in rep.traces] == ["rescale", "merge"] and rep.trace is rep.traces[0]
+    for t in rep.traces:
+        assert t.m == 4 and t.l == pytest.approx(E(-2) + 1 + E(-3) + E(-1), rel=1e-15)
+    assert rep.max_diff.shape == (1,) and rep.max_diff[0] <= 2.3e-16
+    assert rep.forms_diff <= 2.3e-16
+    np.testing.assert_allclose(rep.reference, np.exp(SCORES - 4) / rep.trace.l, rtol=1e-15)
+    assert np.isnan(rep.naive).sum() == 0
+    assert (rep.lazy, rep.eager, rep.check, rep.in_dtype) == (None, None, None, ())
+
+
+def test_trace_report_one_form_has_no_forms_diff():
+    assert trace_report(SCORES, 2, "merge").forms_diff is None
+
+
+def test_trace_report_lazy_and_order():
+    """τ = 2.5 on [0, 1, 2, 3] in blocks of 1 saves 2 of 3 rescales (lazy.py's example); the
+    reverse order visits block 1 before block 0."""
+    s = np.array([0.0, 1.0, 2.0, 3.0])
+    rep = trace_report(s, 1, threshold=2.5)
+    expected, eager = lazy_report(s, 1, 2.5)
+    assert rep.lazy == expected and rep.lazy.rescales_saved == 2
+    assert rep.eager.steps == eager.steps and rep.check is None
+    rev = trace_report(SCORES, 2, order="reverse")
+    assert rev.check.order == "reverse" and rev.check.indices.tolist() == [1, 0]
+    assert [st.block for st in rev.trace.steps] == [1, 0] and rev.lazy is None
+
+
+def test_trace_report_matrix_rows():
+    s = np.array([[2.0, 4.0, 1.0, 3.0], [-np.inf, -np.inf, 0.0, 0.0]])
+    rep = trace_report(s, 2, row=1)
+    assert rep.max_diff.shape == (2,) and rep.trace.row == 1
+    assert rep.trace.steps[0].m == -np.inf and rep.trace.steps[1].m == 0
+
+
+def test_trace_report_in_dtype():
+    """bf16, naive: l after [2, 4] is e^-2 + 1 in bfloat16 = 1.1328125 (precision.trace_in)."""
+    rep = trace_report(SCORES, 2, "both", dtype="bf16", precision="naive")
+    assert len(rep.in_dtype) == 2 and rep.in_dtype[0].model.name == "bfloat16"
+    assert rep.trace is rep.in_dtype[0].trace and rep.trace.steps[0].l == 1.1328125
+    assert rep.reference is rep.in_dtype[0].exact and rep.max_diff is rep.in_dtype[0].max_diff
+    assert rep.forms_diff is not None
+
+
+def _qkv(t=6, s=7, d=4, seed=5):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(t, d)), rng.normal(size=(s, d)), rng.normal(size=(s, d))
+
+
+MASK = dict(causal=True, scale=None, layout="bhnd", causal_align="bottom-right", window=None,
+            mask=None)
+
+
+def test_attention_report_matches_the_core():
+    q, k, v = _qkv()
+    rep = attention_report(q, k, v, MASK, block_q=2, block_k=3, trace_at=(0, 0, 4))
+    res = attention(q, k, v, block_q=2, block_k=3, trace_at=(0, 0, 4), **MASK)
+    ref_out, ref_lse = reference(q, k, v, **MASK)
+    assert np.array_equal(rep.result.out, res.out)
+    assert [(t.tile, t.m, t.l) for t in rep.result.trace] == [(t.tile, t.m, t.l) for t in res.trace]
+    assert rep.errors == errors(res, ref_out, ref_lse) and rep.errors["max_abs_err"] < 1e-14
+    np.testing.assert_array_equal(rep.ref_row, ref_out[4])
+    assert (rep.model, rep.verdict, rep.split, rep.notes) == (None, None, None, ())
+    assert rep.stored_out is rep.result.out
+
+
+def test_attention_report_options():
+    q, k, v = _qkv()
+    bare = attention_report(q, k, v, MASK, with_reference=False)
+    assert (bare.errors, bare.ref_row, bare.verdict) == (None, None, None)
+    rev = attention_report(q, k, v, MASK, block_k=2, order="reverse")
+    assert [s.tile for s in rev.result.trace] == [3, 2, 1, 0]
+    split = attention_report(q, k, v, MASK, splits=3)
+    assert len(split.split.splits) == 3 and split.split.max_abs_diff < 1e-14
+
+
+def test_attention_report_with_a_model():
+    q, k, v = _qkv()
+    m, (q16, k16, v16), notes = P.prepare("fp16", None, None, q, k, v)
+    rep = attention_report(q16, k16, v16, MASK, model=m, notes=notes)
+    assert rep.model is m and rep.notes == notes and rep.verdict.passed
+    assert rep.stored_out.dtype == np.float16
+    with pytest.raises(P.OsmError, match="--splits needs the tiled run"):
+        attention_report(q16, k16, v16, MASK, model=P.model("fp16", "naive"), splits=2)
