@@ -397,10 +397,8 @@ def overflow_demo(
     xs = values or [100.0, 102.0, 99.0]
     if any(np.isnan(x) for x in xs):
         raise OsmError("values must not be NaN")
-    result = demo(xs, tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES)
-    out.print(render.overflow_tables(result))
-    if any(not np.array_equal(r.held, result.values) for r in result.rows):
-        out.print(render.held_table(result))
+    dtypes = tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES  # repeated: shown once
+    out.print(render.overflow_report(demo(xs, dtypes)))
 
 
 @app.command()

@@ -751,6 +751,12 @@ def dtype_elements(scores, lt, row: int, show_all: bool = False) -> Table:
     return _fill(t, len(s), cells, show_all)
 
 
+def overflow_report(demo) -> Group:
+    """overflow-demo: its tables, then the values as each dtype holds them, if a dtype moved any."""
+    moved = any(not np.array_equal(r.held, demo.values) for r in demo.rows)
+    return Group(overflow_tables(demo), *([held_table(demo)] if moved else []))
+
+
 def held_table(demo) -> Table:
     """overflow-demo: the values as each dtype holds them (shown when a dtype moved them)."""
     t = Table(title="x as each dtype holds it", box=box.SIMPLE_HEAD, title_justify="left",
