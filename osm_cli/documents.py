@@ -109,6 +109,8 @@ def attention_doc(rep) -> dict:
     doc = attention_summary(rep.result, rep.errors, rep.ref_row)
     if rep.model is not None:
         doc["precision"] = precision_doc(rep.model, rep.notes, rep.verdict)
+    if rep.baseline is not None:
+        doc["baseline"] = vars(rep.baseline)
     if rep.split is not None:
         doc["splits"] = [vars(s) for s in rep.split.splits]
         doc["splits_max_abs_diff"] = rep.split.max_abs_diff

@@ -318,7 +318,24 @@ def attention_heads(rep) -> list:
     heads = [attention_summary(rep.result, rep.errors)]
     if rep.model is not None:
         heads.append(precision_summary(rep.model, rep.notes, rep.verdict))
+    if rep.baseline is not None:
+        heads.append(baseline_lines(rep.baseline))
     return heads
+
+
+def baseline_lines(b) -> Text:
+    """A reordered or lazy attention run against the same run forward and eager."""
+    what = []
+    if b.order != "forward":
+        what.append(f"K/V tiles {b.order}")
+    if b.threshold:
+        what.append(f"lazy rescale τ = {b.threshold:g} (natural log)")
+    saved = f" ({b.rescales_eager - b.rescales} saved)" if b.threshold else ""
+    return Text.assemble(
+        f"{', '.join(what)}: {b.rescales} rescales, {b.rescales_eager} forward and eager{saved}",
+        "\n", agreement("O vs the forward, eager run", b.max_abs_diff), "\n",
+        agreement("LSE vs the forward, eager run", b.max_lse_diff),
+    )
 
 
 def attention_trace(res, ref_row, width: int = 100, show_all: bool = False) -> Group:
@@ -344,6 +361,8 @@ def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
         alpha = num(s.alpha, d)
         if s.m != s.m_prev and math.isfinite(s.m_prev):
             alpha.stylize("bold yellow")
+        if math.isfinite(s.m_prev) and s.tile_max > s.m_prev == s.m:
+            alpha.append(" skip", style="magenta")  # lazy rescale: the tile max passed m, kept
         return [str(s.tile), f"{s.start}:{s.stop}", num(s.tile_max, d), arrow(s.m_prev, s.m, d),
                 alpha, arrow(s.l_prev, s.l, d), values(s.o, max(3, d - 3), shown), num(s.o_norm, d)]
 

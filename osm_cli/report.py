@@ -107,6 +107,18 @@ def trace_report(
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The same attention run forward and eagerly, beside a reordered or lazy one (NUMERICS §8)."""
+
+    order: str
+    threshold: float
+    rescales: int  # (row, tile) updates that moved a finite m in this run
+    rescales_eager: int  # the same in the forward, eager run
+    max_abs_diff: float  # max |O − O_forward_eager|
+    max_lse_diff: float
+
+
+@dataclass(frozen=True)
 class AttentionReport:
     """Everything `osm attention` shows: the run, its split-KV twin, the reference, the verdict."""
 
@@ -117,6 +129,7 @@ class AttentionReport:
     errors: dict | None = None  # against the float64 reference (None: not compared)
     ref_row: np.ndarray | None = None  # the reference's traced row
     verdict: object = None  # precision.Verdict of a model's run (with the reference)
+    baseline: Baseline | None = None  # with --order or a rescale threshold: vs forward, eager
 
     @property
     def stored_out(self) -> np.ndarray:
@@ -157,15 +170,29 @@ def attention_report(
     tiles = _tile_order(q, k, order, seed, run_kw.get("block_k"), layout)
     res = prec.run(model, q, k, v, progress=progress, order=tiles, **run_kw)
     split = None if splits is None else split_kv(q, k, v, splits, res, **run_kw)
+    base = None
+    if tiles is not None or run_kw.get("threshold"):
+        plain = prec.run(model, q, k, v, **{**run_kw, "threshold": 0.0})
+        base = Baseline(order, float(run_kw.get("threshold") or 0.0), res.rescales,
+                        plain.rescales, _max_diff(res.out, plain.out),
+                        _max_diff(res.lse, plain.lse))
     if not with_reference:
-        return AttentionReport(res, model, notes, split)
+        return AttentionReport(res, model, notes, split, baseline=base)
     ref_out, ref_lse = reference(q, k, v, **mask_kw)
     errs = errors(res, ref_out, ref_lse)
     ref_row = row_of(ref_out, res.traced, layout)
     verdict = None
     if model is not None:
         verdict = prec.judge_run(model, res, ref_out, ref_lse, q, k, v, **mask_kw)
-    return AttentionReport(res, model, notes, split, errs, ref_row, verdict)
+    return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base)
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a − b|, with equal infinities (fully masked rows) counting as no difference."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.where(a == b, 0.0, np.abs(a - b))
+    return float(d.max(initial=0.0))
 
 
 __all__ = ["AttentionReport", "TraceReport", "attention_report", "trace_report"]

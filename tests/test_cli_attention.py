@@ -338,3 +338,16 @@ def test_plus_inf_mask_is_refused(runner, tmp_path):
         warnings.simplefilter("ignore", RuntimeWarning)
         result = run(runner, *SAMPLE_FILES, "--mask", path)
     assert_one_error_line(result, words="inf")
+
+
+def test_lazy_and_reordered_run_is_compared_with_forward_eager(runner):
+    result = run(runner, "samples/qkv.npz", "--rescale-threshold", "1", "--block-k", "2",
+                 "--order", "reverse", "--query", "3")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert ("K/V tiles reverse, lazy rescale τ = 1 (natural log): 3 rescales, 19 forward and "
+            "eager (16 saved)") in out
+    assert "O vs the forward, eager run: max |difference| = 2.38e-07" in out
+    # the traced row: tiles visited 3, 2, 1, 0; the last three pass m without moving it
+    rows = [line.split() for line in out.splitlines() if " skip " in line]
+    assert [r[0] for r in rows] == ["2", "1", "0"]

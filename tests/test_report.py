@@ -107,3 +107,31 @@ def test_attention_report_with_a_model():
     assert rep.stored_out.dtype == np.float16
     with pytest.raises(P.OsmError, match="--splits needs the tiled run"):
         attention_report(q16, k16, v16, MASK, model=P.model("fp16", "naive"), splits=2)
+
+
+def test_attention_report_lazy_rescale_against_the_eager_run():
+    """One query over keys whose scores rise 0, 1, 2, 3 (q = [1], k = [[0], [1], [2], [3]],
+    scale 1), one key per tile. Eager: m moves at tiles 1, 2 and 3 — three rescales. With τ = 2.5
+    m stays at 0 after tile 0, since no score exceeds 0 + 2.5 until tile 3 (3 > 2.5): one rescale,
+    two saved. Both give the same softmax-weighted V up to rounding."""
+    q = np.array([[1.0]])
+    k = np.array([[0.0], [1.0], [2.0], [3.0]])
+    v = np.array([[1.0], [2.0], [3.0], [4.0]])
+    rep = attention_report(q, k, v, {"scale": 1.0}, block_k=1, threshold=2.5)
+    b = rep.baseline
+    assert (b.rescales, b.rescales_eager, b.threshold, b.order) == (1, 3, 2.5, "forward")
+    assert b.max_abs_diff < 1e-15 and b.max_lse_diff < 1e-15
+    skipped = [s.tile for s in rep.result.trace if s.tile_max > s.m_prev == s.m]
+    assert skipped == [1, 2]
+    p = np.exp([0.0, 1.0, 2.0, 3.0]) / np.exp([0.0, 1.0, 2.0, 3.0]).sum()
+    assert rep.result.out[0, 0] == pytest.approx(float(p @ [1, 2, 3, 4]), rel=1e-15)
+
+
+def test_attention_report_reverse_order_matches_forward():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(2, 9, 5)), rng.normal(size=(2, 23, 5)), rng.normal(size=(2, 23, 3))
+    rep = attention_report(q, k, v, {"causal": True}, block_k=4, order="reverse")
+    assert rep.baseline.order == "reverse" and rep.baseline.threshold == 0.0
+    assert rep.baseline.max_abs_diff < 1e-14 and rep.baseline.max_lse_diff < 1e-14
+    assert [s.tile for s in rep.result.trace] == [5, 4, 3, 2, 1, 0]
+    assert attention_report(q, k, v, {}, block_k=4).baseline is None
