@@ -368,11 +368,12 @@ def attention(
         out, lse, float(scale), tuple(np.shape(q)), tuple(np.shape(k)), tuple(np.shape(v)),
         bq, bk, causal, causal_align, window, masked_lse, computed, skipped, rescales,
         int(np.count_nonzero(empty)), tuple(trace), (tb, th, ti), trace_out,
-        {"tiles_total": n_q * n_k, "mask": _mask_about(mask)},
+        {"tiles_total": n_q * n_k, "mask": mask_about(mask)},
     )
 
 
-def _mask_about(mask: np.ndarray | None) -> str:
+def mask_about(mask: np.ndarray | None) -> str:
+    """The user's mask in a few words: its kind and shape, or "none"."""
     if mask is None:
         return "none"
     kind = "bool, True = attend" if mask.dtype.kind == "b" else "float, added to the scores"

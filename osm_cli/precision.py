@@ -35,6 +35,7 @@ from .attention import (
     default_blocks,
     from_bhnd,
     make_band,
+    mask_about,
     reference,
 )
 from .errors import OsmError
@@ -767,7 +768,8 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
         out, lse, float(scale), tuple(np.shape(q)), tuple(np.shape(k)), tuple(np.shape(v)), 0, 0,
         bool(mask_kw.get("causal", False)), mask_kw.get("causal_align", "bottom-right"),
         mask_kw.get("window"), masked_lse, 0, 0, 0, int(np.count_nonzero(empty)), (),
-        trace_at or (0, 0, 0), trace_out, {"tiles_total": 0, "one_shot": True},
+        trace_at or (0, 0, 0), trace_out,
+        {"tiles_total": 0, "one_shot": True, "mask": mask_about(mask_kw.get("mask"))},
     )
 
 

@@ -293,10 +293,17 @@ def attention_summary(res, ref_err: dict | None) -> Table:
         ("scale", f"{res.scale:.8g}"),
         ("causal", f"yes ({res.align})" if res.causal else "no"),
         ("window", window),
-        ("mask", res.extra.get("mask", "none")),
-        ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} computed, "
-                  f"{res.tiles_skipped} skipped of {res.extra['tiles_total']}"),
-        ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
+        ("mask", res.extra["mask"]),
+    ]
+    if res.extra.get("one_shot"):
+        rows.append(("tiles", "none: plain attention computes all scores at once"))
+    else:
+        rows += [
+            ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} "
+                      f"computed, {res.tiles_skipped} skipped of {res.extra['tiles_total']}"),
+            ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
+        ]
+    rows += [
         ("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"),
     ]
     if ref_err is None:

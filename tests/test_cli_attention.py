@@ -351,3 +351,15 @@ def test_lazy_and_reordered_run_is_compared_with_forward_eager(runner):
     # the traced row: tiles visited 3, 2, 1, 0; the last three pass m without moving it
     rows = [line.split() for line in out.splitlines() if " skip " in line]
     assert [r[0] for r in rows] == ["2", "1", "0"]
+
+
+def test_naive_precision_run_is_one_shot_in_table_and_json(runner, strict_json):
+    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive")
+    assert result.exit_code == 0, result.stderr
+    assert "tiles                   none: plain attention computes all scores at once" in (
+        result.stdout)
+    assert "rescales" not in result.stdout.split("precision")[0]
+    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = strict_json(result.stdout)
+    assert (doc["mask"], doc["tiles_total"], doc["tiles_computed"]) == ("none", 0, 0)
