@@ -26,6 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from .errors import InputError, ShapeError
 from .online import FORMS, finalize, initial_state, merge_step, rescale_step
+from .reference import max_abs_diff
 
 MASKED_LSE = {"neg-inf": -np.inf, "pos-inf": np.inf, "zero": 0.0}
 ALIGNS = ("bottom-right", "top-left")
@@ -447,14 +448,10 @@ def errors(res: Attention, ref_out: np.ndarray, ref_lse: np.ndarray) -> dict:
     diff = np.abs(res.out.astype(np.float64) - ref_out)
     scale = float(np.abs(ref_out).max()) if ref_out.size else 0.0
     ref_lse = np.where(np.isneginf(ref_lse), MASKED_LSE[res.masked_lse], ref_lse)
-    lse = res.lse.astype(np.float64)
-    same = (lse == ref_lse)  # equal infinities count as no error
-    with np.errstate(invalid="ignore"):
-        lse_err = np.where(same, 0.0, np.abs(lse - ref_lse))
     return {
         "max_abs_err": float(diff.max()) if diff.size else 0.0,
         "max_rel_err": float(diff.max()) / scale if scale else 0.0,
-        "max_lse_err": float(lse_err.max()) if lse_err.size else 0.0,
+        "max_lse_err": max_abs_diff(res.lse, ref_lse),
     }
 
 
@@ -513,9 +510,5 @@ def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
         w = as_bhnd(merged.weights[n][..., None], layout, "weights")[..., 0]
         rows.append(Split(n, int(a), int(b), float(row_of(p.lse[..., None], traced, layout)[0]),
                           float(w[traced]), row_of(p.out, traced, layout)[:O_SHOWN].astype(float)))
-    same = lse == unsplit.lse
-    with np.errstate(invalid="ignore"):
-        lse_diff = np.where(same, 0.0, np.abs(lse - unsplit.lse))
-    return SplitRun(out, lse, tuple(rows),
-                    float(np.abs(out.astype(np.float64) - unsplit.out).max(initial=0.0)),
-                    float(lse_diff.max(initial=0.0)))
+    return SplitRun(out, lse, tuple(rows), max_abs_diff(out, unsplit.out),
+                    max_abs_diff(lse, unsplit.lse))

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import InputError, ShapeError
 from .online import State, block_state, combine, finalize, online_softmax, probabilities
+from .reference import max_abs_diff
 
 LSE_BASES = ("e", "2")
 ORDERS = ("forward", "reverse", "shuffle")
@@ -219,11 +220,6 @@ class OrderCheck:
     lse_tree: float
 
 
-def _maxdiff(a: np.ndarray, b: np.ndarray) -> float:
-    same = (a == b) | (np.isnan(a) & np.isnan(b))  # -inf == -inf: no difference
-    return float(np.where(same, 0.0, np.abs(a - b)).max(initial=0.0))
-
-
 def tree_softmax(scores: np.ndarray, block: int) -> tuple[State, np.ndarray]:
     """Each block's own (m, l) merged pairwise: (state, probabilities) over all rows of scores."""
     s = np.atleast_2d(scores)
@@ -247,11 +243,11 @@ def order_check(
     tree_lse, _ = finalize(tree_state)
     return OrderCheck(
         order, idx,
-        _maxdiff(fwd.probabilities, chosen.probabilities),
-        _maxdiff(fwd.probabilities, tree_p),
-        _maxdiff(chosen.probabilities, tree_p),
-        _maxdiff(fwd.lse, chosen.lse),
-        _maxdiff(fwd.lse, tree_lse),
+        max_abs_diff(fwd.probabilities, chosen.probabilities),
+        max_abs_diff(fwd.probabilities, tree_p),
+        max_abs_diff(chosen.probabilities, tree_p),
+        max_abs_diff(fwd.lse, chosen.lse),
+        max_abs_diff(fwd.lse, tree_lse),
     )
 
 

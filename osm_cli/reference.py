@@ -30,6 +30,18 @@ def stable_softmax(scores: np.ndarray, *, guard: bool = True) -> np.ndarray:
         return e / total
 
 
+def max_abs_diff(a, b) -> float:
+    """max |a − b| in float64, where equal values count as no difference even when they are
+    infinite (the LSE of a fully masked row) or both nan; 0 for empty arrays.
+
+    Example: max_abs_diff([-np.inf, 1.0], [-np.inf, 1.5]) -> 0.5
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        return float(np.where(same, 0.0, np.abs(a - b)).max(initial=0.0))
+
+
 def naive_softmax(scores: np.ndarray) -> np.ndarray:
     """exp(s) / Σ exp(s), as written: inf / inf = nan once exp overflows the dtype."""
     s = np.asarray(scores)

@@ -34,7 +34,7 @@ from .attention import (
 from .lazy import LazyReport, lazy_report
 from .merge import OrderCheck, block_order, order_check
 from .online import FORMS, Trace, online_softmax
-from .reference import naive_softmax, stable_softmax
+from .reference import max_abs_diff, naive_softmax, stable_softmax
 
 
 @dataclass(frozen=True)
@@ -174,8 +174,8 @@ def attention_report(
     if tiles is not None or run_kw.get("threshold"):
         plain = prec.run(model, q, k, v, **{**run_kw, "threshold": 0.0})
         base = Baseline(order, float(run_kw.get("threshold") or 0.0), res.rescales,
-                        plain.rescales, _max_diff(res.out, plain.out),
-                        _max_diff(res.lse, plain.lse))
+                        plain.rescales, max_abs_diff(res.out, plain.out),
+                        max_abs_diff(res.lse, plain.lse))
     if not with_reference:
         return AttentionReport(res, model, notes, split, baseline=base)
     ref_out, ref_lse = reference(q, k, v, **mask_kw)
@@ -186,13 +186,6 @@ def attention_report(
         verdict = prec.judge_run(model, res, ref_out, ref_lse, q, k, v, **mask_kw)
     return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base)
 
-
-def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a − b|, with equal infinities (fully masked rows) counting as no difference."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    with np.errstate(invalid="ignore"):
-        d = np.where(a == b, 0.0, np.abs(a - b))
-    return float(d.max(initial=0.0))
 
 
 __all__ = ["AttentionReport", "TraceReport", "attention_report", "trace_report"]

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from osm_cli.reference import logsumexp, naive_softmax, stable_softmax
+from osm_cli.reference import logsumexp, max_abs_diff, naive_softmax, stable_softmax
 
 X = [100.0, 102.0, 99.0]
 # softmax([100, 102, 99]) = softmax([1, 3, 0]) = e^(x - 102) / (e^-2 + 1 + e^-3)
@@ -85,3 +85,10 @@ def test_rows_are_independent():
     p = stable_softmax(x)
     np.testing.assert_allclose(p.sum(axis=-1), [1, 1], rtol=1e-15)
     np.testing.assert_array_equal(p[1], stable_softmax(x[1]))
+
+
+def test_max_abs_diff_counts_equal_infinities_as_equal():
+    assert max_abs_diff([-np.inf, 1.0, np.inf], [-np.inf, 1.5, np.inf]) == 0.5
+    assert max_abs_diff([np.nan], [np.nan]) == 0.0
+    assert max_abs_diff([-np.inf], [0.0]) == np.inf
+    assert max_abs_diff(np.zeros((0, 3)), np.zeros((0, 3))) == 0.0

@@ -330,3 +330,14 @@ def test_step_mode_quit_in_tmux(tmux):
     screen = _wait_for(tmux, "EXIT=0")
     assert "stopped at block 2 of 4" in screen
     assert "final:" not in screen
+
+
+def test_order_on_a_matrix_with_a_fully_masked_row_is_quiet():
+    """samples/matrix.txt's row 2 is all -inf: its LSE is -inf in every order, which is no
+    difference (and no 'invalid value' warning from -inf - -inf)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "osm_cli", "trace", "samples/matrix.txt",
+                        "--order", "reverse"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == ""
