@@ -7,7 +7,8 @@ The Python API returns the same records the tables show:
     t.steps[1].l  # 1.5530018...
 """
 
-from .attention import Attention, TileStep, attention
+from .attention import Attention, TileStep, attention, split_kv
+from .attention import reference as attention_reference
 from .costmodel import fa1_blocks, hbm_bytes_flash, hbm_bytes_standard, parse_size, tile_bytes
 from .errors import InputError, OsmError, ShapeError
 from .lazy import LazyReport, lazy_report
@@ -22,11 +23,13 @@ from .online import (
     online_softmax,
     rescale_step,
 )
+from .precision import check, fa_rule, judge, limits, model, overflow_demo, round_to, ulp
 from .reference import logsumexp, naive_softmax, stable_softmax
 from .sweep import sweep
 
 __all__ = [
-    "Attention", "TileStep", "attention",
+    "Attention", "TileStep", "attention", "attention_reference", "split_kv",
+    "check", "fa_rule", "judge", "limits", "model", "overflow_demo", "round_to", "ulp",
     "InputError", "OsmError", "ShapeError", "State", "Step", "Trace", "combine",
     "initial_state", "logsumexp", "merge_step", "naive_softmax", "online_softmax",
     "rescale_step", "stable_softmax",

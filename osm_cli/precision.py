@@ -835,10 +835,11 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
           **mask_kw) -> CheckReport:
     """Judge an external kernel's output (and LSE) for inputs q, k, v in `dtype`.
 
-    mask_kw are attention's causal, scale, layout, causal_align, window and mask.
-    Example: check(o, q, k, v, DTYPES["float16"], lse=lse, causal=True).verdict.passed
+    dtype is a dtype or its name ("fp16", "bfloat16", …). mask_kw are attention's causal,
+    scale, layout, causal_align, window and mask.
+    Example: check(o, q, k, v, "fp16", lse=lse, causal=True).verdict.passed
     """
-    dt = np.dtype(dtype)
+    dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, dt)
     out = np.asarray(out)
     kind = out.dtype.kind
