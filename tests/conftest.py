@@ -7,6 +7,8 @@ import io
 import json
 import shutil
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -76,5 +78,25 @@ def tmux():
         return subprocess.run([exe, "-L", sock, *args], capture_output=True, text=True,
                               check=check, timeout=20)
 
+    def start(*osm_args, height=40):
+        """Run `osm *osm_args` in a 110-column session "osm"; the pane stays after it exits."""
+        # The tables pick their digits for the width they are printed at: the terminal's,
+        # unless COLUMNS (which the tmux server may inherit from the test process) says otherwise.
+        shell = " ".join(["env -u COLUMNS -u LINES", sys.executable, "-m", "osm_cli", *osm_args])
+        cmd("new-session", "-d", "-s", "osm", "-x", "110", "-y", str(height), "-c", str(ROOT),
+            f"{shell}; echo EXIT=$?; sleep 60")
+
+    def wait_for(text, timeout=15.0) -> str:
+        """The screen once `text` is on it; fails with the screen after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < end:
+            screen = cmd("capture-pane", "-p", "-t", "osm").stdout
+            if text in screen:
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} never appeared; the screen was:\n{screen}")
+
+    cmd.start, cmd.wait_for = start, wait_for
     yield cmd
     cmd("kill-server", check=False)

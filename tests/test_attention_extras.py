@@ -10,7 +10,6 @@ import io
 import math
 import struct
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -267,26 +266,6 @@ def test_step_not_a_terminal(runner):
     assert r.stdout == run(runner, *args).stdout
 
 
-def _wait_for(tmux, text, timeout=15.0) -> str:
-    end = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < end:
-        screen = tmux("capture-pane", "-p", "-t", "osm").stdout
-        if text in screen:
-            return screen
-        time.sleep(0.1)
-    raise AssertionError(f"{text!r} never appeared; the screen was:\n{screen}")
-
-
-def _start(tmux, *args):
-    # The tables pick their digits for the width they are printed at: the terminal's, unless
-    # COLUMNS (which the tmux server may inherit from the test process) says otherwise.
-    shell = " ".join(["env -u COLUMNS -u LINES", sys.executable, "-m", "osm_cli", "attention",
-                      *args])
-    tmux("new-session", "-d", "-s", "osm", "-x", "110", "-y", "45", "-c", str(ROOT),
-         f"{shell}; echo EXIT=$?; sleep 60")
-
-
 STEP = ("samples/causal.npz", "--causal", "--head", "1", "--query", "2", "--block-q", "4",
         "--block-k", "2", "--step")
 
@@ -294,13 +273,13 @@ STEP = ("samples/causal.npz", "--causal", "--head", "1", "--query", "2", "--bloc
 def test_step_mode_in_tmux(tmux):
     """The summary stays on top; one K/V tile per key, the current tile in reverse video, the
     skipped tiles stepped through too, then the output row."""
-    _start(tmux, *STEP)
-    screen = _wait_for(tmux, "tile 1 of 4")
+    tmux.start("attention", *STEP, height=45)
+    screen = tmux.wait_for("tile 1 of 4")
     assert "6 computed, 2 skipped of 8" in screen
     assert "-inf → 1.792688" in screen and "2:4" not in screen
     assert "output row" not in screen
     tmux("send-keys", "-t", "osm", "Enter")
-    screen = _wait_for(tmux, "tile 2 of 4")
+    screen = tmux.wait_for("tile 2 of 4")
     assert "1.147522 → 1.265359" in screen
     styled = tmux("capture-pane", "-p", "-e", "-t", "osm").stdout
     row = next(line for line in styled.splitlines() if "1.147522 → 1.265359" in line)
@@ -308,20 +287,20 @@ def test_step_mode_in_tmux(tmux):
     first = next(line for line in styled.splitlines() if "0 → 1.147522" in line)
     assert "\x1b[7m" not in first
     tmux("send-keys", "-t", "osm", "x", "Space")  # x is ignored, space advances
-    screen = _wait_for(tmux, "tile 3 of 4")
+    screen = tmux.wait_for("tile 3 of 4")
     assert "4:6" in screen and "skipped" in screen
     tmux("send-keys", "-t", "osm", "Enter")
-    screen = _wait_for(tmux, "EXIT=0")
+    screen = tmux.wait_for("EXIT=0")
     assert "tile 4 of 4: done" in screen
     assert "output row O / l" in screen and "-0.8595331907" in screen
 
 
 def test_step_mode_quit_in_tmux(tmux):
-    _start(tmux, *STEP)
-    _wait_for(tmux, "tile 1 of 4")
+    tmux.start("attention", *STEP, height=45)
+    tmux.wait_for("tile 1 of 4")
     tmux("send-keys", "-t", "osm", "Enter")
-    _wait_for(tmux, "tile 2 of 4")
+    tmux.wait_for("tile 2 of 4")
     tmux("send-keys", "-t", "osm", "q")
-    screen = _wait_for(tmux, "EXIT=0")
+    screen = tmux.wait_for("EXIT=0")
     assert "stopped at tile 2 of 4" in screen
     assert "output row" not in screen

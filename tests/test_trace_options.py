@@ -11,7 +11,6 @@ import io
 import math
 import struct
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -283,35 +282,18 @@ def test_buffered_keys():
     assert [get() for _ in range(5)] == ["x", " ", "", "\r", "q"]
 
 
-def _wait_for(tmux, text, timeout=15.0) -> str:
-    end = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < end:
-        screen = tmux("capture-pane", "-p", "-t", "osm").stdout
-        if text in screen:
-            return screen
-        time.sleep(0.1)
-    raise AssertionError(f"{text!r} never appeared; the screen was:\n{screen}")
-
-
-def _start(tmux, *args):
-    shell = " ".join([sys.executable, "-m", "osm_cli", "trace", *args])
-    tmux("new-session", "-d", "-s", "osm", "-x", "110", "-y", "40", "-c", str(ROOT),
-         f"{shell}; echo EXIT=$?; sleep 60")
-
-
 def test_step_mode_in_tmux(tmux):
     """One block per key: row k highlighted, Enter and space advance, then the full report."""
-    _start(tmux, "samples/scores.txt", "-b", "1", "--step")
-    screen = _wait_for(tmux, "block 1 of 4")
+    tmux.start("trace", "samples/scores.txt", "-b", "1", "--step")
+    screen = tmux.wait_for("block 1 of 4")
     assert "-inf → 2" in screen and "2 → 4" not in screen
     tmux("send-keys", "-t", "osm", "Enter")
-    screen = _wait_for(tmux, "block 2 of 4")
+    screen = tmux.wait_for("block 2 of 4")
     assert "2 → 4" in screen and "0.13533528" in screen  # α = e^(2 − 4)
     tmux("send-keys", "-t", "osm", "x", "Space")  # typed ahead together: x ignored, space next
-    _wait_for(tmux, "block 3 of 4")
+    tmux.wait_for("block 3 of 4")
     tmux("send-keys", "-t", "osm", "Enter")
-    screen = _wait_for(tmux, "EXIT=0")
+    screen = tmux.wait_for("EXIT=0")
     assert "block 4 of 4: done" in screen
     assert "final: m = 4, l = 1.553001793" in screen
     assert "online vs one-shot stabilized" in screen
@@ -322,12 +304,12 @@ def test_step_mode_in_tmux(tmux):
 
 
 def test_step_mode_quit_in_tmux(tmux):
-    _start(tmux, "samples/scores.txt", "-b", "1", "--step")
-    _wait_for(tmux, "block 1 of 4")
+    tmux.start("trace", "samples/scores.txt", "-b", "1", "--step")
+    tmux.wait_for("block 1 of 4")
     tmux("send-keys", "-t", "osm", "Enter")
-    _wait_for(tmux, "block 2 of 4")
+    tmux.wait_for("block 2 of 4")
     tmux("send-keys", "-t", "osm", "q")
-    screen = _wait_for(tmux, "EXIT=0")
+    screen = tmux.wait_for("EXIT=0")
     assert "stopped at block 2 of 4" in screen
     assert "final:" not in screen
 
