@@ -480,6 +480,8 @@ def sweep(
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
+    csv: Annotated[Path | None, typer.Option(
+        "--csv", metavar="FILE", help="Also write the sweep table to FILE as CSV.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
@@ -517,6 +519,8 @@ def sweep(
     if plot is not None:
         _save(plot, plots.sweep_titled_png(res, name, accum.value, qkv),
               "error, rescales and HBM traffic vs block size, PNG")
+    if csv is not None:
+        _save(csv, export.sweep_csv(res), "the sweep table, CSV")
     if as_json:
         return emit_json(doc)
     out.print(render.sweep_table(res, name, about))
@@ -654,10 +658,9 @@ def _attention_files(csv, plot, res, q, k, kwargs, files) -> None:
         png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
                                     ", ".join(Path(f).name for f in files), i)
     if csv is not None:
-        _save(csv, export.tiles_csv(res), "tile table of the traced row, CSV", wrap=True)
+        _save(csv, export.tiles_csv(res), "tile table of the traced row, CSV")
     if png is not None:
-        _save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG",
-              wrap=True)
+        _save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG")
 
 
 def _need_plot(plot) -> None:
@@ -666,10 +669,11 @@ def _need_plot(plot) -> None:
         plots.require_matplotlib()
 
 
-def _save(path: Path, data: str | bytes, what: str, wrap: bool = False) -> None:
-    """Write an output file (atomically), then say so on stderr."""
+def _save(path: Path, data: str | bytes, what: str) -> None:
+    """Write an output file (atomically), then say so on stderr, on one line whatever the width
+    (scripts read the path back)."""
     (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
-    err.print(f"wrote {path} ({what})", markup=False, soft_wrap=wrap)
+    err.print(f"wrote {path} ({what})", markup=False, soft_wrap=True)
 
 
 def _present(step: bool, heads: list, pages: list, tables: list, after: list = ()) -> bool:

@@ -5,6 +5,7 @@ as inf / -inf, which Python, numpy and pandas read back. Leaves out: writing the
 
 Example: steps_csv([trace]) -> "form,block,start,stop,block_max,m_prev,m,alpha,l_prev,l,...\\n"
          tiles_csv(attention_result) -> "batch,head,query,step,tile,start,stop,skipped,...\\n"
+         sweep_csv(sweep_result) -> "block,tiles,skipped,rescales,max_error,lse_error,...\\n"
 """
 
 from __future__ import annotations
@@ -68,4 +69,29 @@ def tiles_csv(res) -> str:
     return buf.getvalue()
 
 
-__all__ = ["COLUMNS", "TILE_COLUMNS", "steps_csv", "tiles_csv"]
+SWEEP_COLUMNS = (
+    "block", "tiles", "skipped", "rescales", "max_error", "lse_error", "tile_bytes", "fits",
+    "hbm_tiled", "hbm_skipping", "hbm_standard", "row_visits",
+)
+
+
+def sweep_csv(result) -> str:
+    """One line per block size of a sweep (sweep.Sweep): what was measured beside the model.
+
+    max_error is of the probabilities (scores) or of O (Q/K/V); hbm_* are modelled bytes;
+    hbm_skipping and row_visits are empty where nothing is skipped.
+    """
+    buf = _io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SWEEP_COLUMNS)
+    for r in result.rows:
+        m = r.measure
+        w.writerow([_cell(x) for x in (
+            r.block, m.tiles, m.skipped, m.rescales, float(m.max_error), float(m.lse_error),
+            r.tile_bytes, bool(r.fits), r.hbm_flash, r.hbm_skipping, result.hbm_standard,
+            m.row_visits,
+        )])
+    return buf.getvalue()
+
+
+__all__ = ["COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "sweep_csv", "tiles_csv"]

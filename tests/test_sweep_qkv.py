@@ -272,3 +272,20 @@ def test_cli_sweep_errors(runner, tmp_path, ramp_npz):
     assert "missing.npy: no such file" in err(d / "q.npy", d / "k.npy", tmp_path / "missing.npy")
     r = runner.invoke(app, ["sweep", str(ramp_npz), "--blocks", "0"])
     assert r.exit_code == 2 and "at least 1" in r.stderr
+
+
+def test_cli_sweep_qkv_csv(runner, tmp_path, ramp_npz):
+    """The hand-worked case of test_sweep_qkv_by_hand, as CSV rows."""
+    path = tmp_path / "sweep.csv"
+    r = runner.invoke(app, ["sweep", str(ramp_npz), *HAND, "--csv", str(path)])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == f"wrote {path} (the sweep table, CSV)\n"
+    lines = path.read_text().splitlines()
+    assert lines[0] == ("block,tiles,skipped,rescales,max_error,lse_error,tile_bytes,fits,"
+                        "hbm_tiled,hbm_skipping,hbm_standard,row_visits")
+    rows = [line.split(",") for line in lines[1:]]
+    cols = [[r[i] for r in rows] for i in (0, 1, 2, 3, 6, 7, 8, 9, 10, 11)]
+    assert cols == [["1", "2", "4"], ["8", "4", "2"], ["2", "1", "0"], ["6", "2", "0"],
+                    ["48", "60", "84"], ["true", "true", "false"], ["192", "112", "72"],
+                    ["152", "92", "72"], ["96"] * 3, ["12", "6", "4"]]
+    assert all(float(r[4]) <= 5e-16 for r in rows)
