@@ -25,7 +25,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .errors import InputError, ShapeError
-from .online import FORMS, finalize, initial_state, merge_step, rescale_step
+from .online import FORMS, finalize, initial_state, kept, merge_step, moved, rescale_step
 from .reference import max_abs_diff
 
 MASKED_LSE = {"neg-inf": -np.inf, "pos-inf": np.inf, "zero": 0.0}
@@ -183,6 +183,16 @@ class TileStep:
     o: np.ndarray  # first O_SHOWN components of the unnormalised O after this tile
     o_norm: float
 
+    @property
+    def rescaled(self) -> bool:
+        """The row's finite running max moved at this tile: its state was scaled by α."""
+        return bool(moved(self.m_prev, self.m))
+
+    @property
+    def rescale_skipped(self) -> bool:
+        """The tile max passed m but a lazy threshold kept m (online.kept)."""
+        return bool(kept(self.tile_max, self.m_prev, self.m))
+
 
 @dataclass(frozen=True)
 class Attention:
@@ -335,7 +345,7 @@ def attention(
             if um is not None:
                 st = np.where(um, st, accum.type(-np.inf)) if um.dtype.kind == "b" else st + um
             up = step(state, st, v3[:, j0:j1, :].astype(accum, copy=False), **step_kw)
-            counts[2] += int(np.count_nonzero((up.state.m > state.m) & np.isfinite(state.m)))
+            counts[2] += int(np.count_nonzero(moved(state.m, up.state.m)))
             if traced_here:
                 steps.append(_trace_step(kj, j0, j1, False, float(st[at].max()), state,
                                          up.state, float(up.alpha[at]), at))

@@ -61,10 +61,9 @@ def tiles_csv(res) -> str:
     w.writerow([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))])
     b, h, i = res.traced
     for n, s in enumerate(res.trace):
-        rescaled = s.m != s.m_prev and s.m_prev != float("-inf")
         w.writerow([_cell(x) for x in (
             b, h, i, n, s.tile, s.start, s.stop, bool(s.skipped), s.tile_max, s.m_prev, s.m,
-            s.alpha, s.l_prev, s.l, bool(rescaled), s.o_norm, *(float(x) for x in s.o),
+            s.alpha, s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o),
         )])
     return buf.getvalue()
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .online import Trace, online_softmax
+from .reference import max_abs_diff
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,13 @@ def lazy_report(
         lazy = online_softmax(scores, block, "rescale", row=row, order=order, threshold=threshold)
     eager = online_softmax(scores, block, "rescale", row=row, order=order)
     excess = [s.block_max - s.m for s in lazy.steps if np.isfinite(s.m)]
-    diff = np.abs(np.asarray(lazy.probabilities) - np.asarray(eager.probabilities))
     return LazyReport(
         threshold,
-        sum(bool(s.rescaled) for s in lazy.steps),
-        sum(bool(s.rescaled) for s in eager.steps),
+        sum(s.rescaled for s in lazy.steps),
+        sum(s.rescaled for s in eager.steps),
         sum(s.skipped for s in lazy.steps),
         float(max(excess, default=-np.inf)),
-        float(diff.max(initial=0.0)),
+        max_abs_diff(lazy.probabilities, eager.probabilities),
     ), eager
 
 

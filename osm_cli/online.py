@@ -69,6 +69,19 @@ def _ref(m: np.ndarray) -> np.ndarray:
     return np.where(np.isneginf(m), np.zeros((), m.dtype), m)
 
 
+def moved(m_prev, m):
+    """Where the running max moved from a finite value, so the old state was scaled by α < 1.
+
+    Moving from -inf is no rescale: there was nothing to scale. Works on floats and arrays.
+    """
+    return (m != m_prev) & np.isfinite(m_prev)
+
+
+def kept(block_max, m_prev, m):
+    """Where a block's max passed the running max but m was kept (a lazy rescale skipped, FA4)."""
+    return np.isfinite(m_prev) & (block_max > m_prev) & (m == m_prev)
+
+
 def _pv(p: np.ndarray, v: np.ndarray, p_round: Callable | None) -> np.ndarray:
     # A real kernel rounds P to the input dtype before the P·V matmul (NUMERICS §5).
     # p_round returns the rounded values in p's own (float32) dtype, so the matmul accumulates in
@@ -193,7 +206,7 @@ class Step:
     @property
     def rescaled(self) -> bool:
         """True where the running max moved and the old state was actually scaled down."""
-        return self.m != self.m_prev and np.isfinite(self.m_prev)
+        return bool(moved(self.m_prev, self.m))
 
     @property
     def skipped(self) -> bool:
@@ -202,7 +215,7 @@ class Step:
         An eager step would have moved m and rescaled here; with threshold τ the block max
         stayed within m + τ, so exp(s − m) ≤ e^τ and the old state was left as is.
         """
-        return bool(np.isfinite(self.m_prev) and self.block_max > self.m_prev == self.m)
+        return bool(kept(self.block_max, self.m_prev, self.m))
 
 
 @dataclass(frozen=True)

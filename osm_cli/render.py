@@ -366,10 +366,10 @@ def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
             return [str(s.tile), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
                     num(s.m, d), "", num(s.l, d), "", ""]
         alpha = num(s.alpha, d)
-        if s.m != s.m_prev and math.isfinite(s.m_prev):
+        if s.rescaled:
             alpha.stylize("bold yellow")
-        if math.isfinite(s.m_prev) and s.tile_max > s.m_prev == s.m:
-            alpha.append(" skip", style="magenta")  # lazy rescale: the tile max passed m, kept
+        if s.rescale_skipped:  # lazy rescale: the tile max passed m, m was kept
+            alpha.append(" skip", style="magenta")
         return [str(s.tile), f"{s.start}:{s.stop}", num(s.tile_max, d), arrow(s.m_prev, s.m, d),
                 alpha, arrow(s.l_prev, s.l, d), values(s.o, max(3, d - 3), shown), num(s.o_norm, d)]
 
