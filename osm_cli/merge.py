@@ -24,7 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError, ShapeError
-from .online import State, block_state, combine, finalize, online_softmax, probabilities
+from .online import (
+    State,
+    Trace,
+    block_bounds,
+    block_state,
+    combine,
+    finalize,
+    online_softmax,
+    probabilities,
+)
 from .reference import max_abs_diff
 
 LSE_BASES = ("e", "2")
@@ -224,21 +233,25 @@ def tree_softmax(scores: np.ndarray, block: int) -> tuple[State, np.ndarray]:
     """Each block's own (m, l) merged pairwise: (state, probabilities) over all rows of scores."""
     s = np.atleast_2d(scores)
     n = s.shape[-1]
-    states = [block_state(s[:, a:a + block]) for a in range(0, n, block)]
+    states = [block_state(s[:, a:b]) for _, a, b in block_bounds(n, block)]
     st = tree_merge(states)
     return st, probabilities(s, st)
 
 
 def order_check(
     scores: np.ndarray, block: int, form: str = "rescale", order: str = "forward", seed: int = 0,
-    threshold: float = 0.0,
+    threshold: float = 0.0, chosen: Trace | None = None,
 ) -> OrderCheck:
-    """Run forward, in `order`, and as a tree; report the largest differences between them."""
+    """Run forward, in `order`, and as a tree; report the largest differences between them.
+
+    `chosen` reuses a run in that order already made (online_softmax with the same arguments).
+    """
     s = np.atleast_2d(scores)
     count = -(-s.shape[-1] // block)
     idx = block_order(count, order, seed)
     fwd = online_softmax(s, block, form, threshold=threshold)
-    chosen = online_softmax(s, block, form, order=idx, threshold=threshold)
+    if chosen is None:
+        chosen = online_softmax(s, block, form, order=idx, threshold=threshold)
     tree_state, tree_p = tree_softmax(s, block)
     tree_lse, _ = finalize(tree_state)
     return OrderCheck(

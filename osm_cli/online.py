@@ -230,6 +230,7 @@ class Trace:
     l: np.ndarray
     lse: np.ndarray
     probabilities: np.ndarray
+    rescales: int = 0  # (row, block) steps, over every row, that moved a finite running max
 
 
 def block_bounds(n: int, block: int, order: np.ndarray | None = None) -> Iterator[tuple]:
@@ -261,7 +262,7 @@ def online_softmax(
         raise ValueError("block must be at least 1")
     s2 = np.atleast_2d(scores)
     state = initial_state(s2.shape[0], dtype=s2.dtype)
-    steps = []
+    steps, rescales = [], 0
     for k, start, stop in block_bounds(s2.shape[1], block, order):
         prev = state
         if form == "rescale":
@@ -269,6 +270,7 @@ def online_softmax(
         else:
             up = merge_step(state, s2[:, start:stop])
         state = up.state
+        rescales += int(np.count_nonzero(moved(prev.m, state.m)))
         steps.append(
             Step(
                 k, start, stop, s2[row, start:stop],
@@ -281,5 +283,6 @@ def online_softmax(
     lse, _ = finalize(state)
     probs = probabilities(s2, state)
     if scores.ndim == 1:
-        return Trace(form, block, row, tuple(steps), state.m[0], state.l[0], lse[0], probs[0])
-    return Trace(form, block, row, tuple(steps), state.m, state.l, lse, probs)
+        return Trace(form, block, row, tuple(steps), state.m[0], state.l[0], lse[0], probs[0],
+                     rescales)
+    return Trace(form, block, row, tuple(steps), state.m, state.l, lse, probs, rescales)

@@ -99,7 +99,8 @@ def trace_report(
     if threshold:
         lazy, eager = lazy_report(scores, block, threshold, row=row, order=idx, lazy=traces[0])
     if order is not None:
-        check = order_check(scores, block, traces[0].form, order, seed, threshold)
+        check = order_check(scores, block, traces[0].form, order, seed, threshold,
+                            chosen=traces[0])
     stable = stable_softmax(scores)
     diff = np.abs(np.atleast_2d(traces[0].probabilities) - np.atleast_2d(stable)).max(axis=-1)
     return TraceReport(scores, block, form, row, traces, stable, naive_softmax(scores), diff,
@@ -172,7 +173,7 @@ def attention_report(
     split = None if splits is None else split_kv(q, k, v, splits, res, **run_kw)
     base = None
     if tiles is not None or run_kw.get("threshold"):
-        plain = prec.run(model, q, k, v, **{**run_kw, "threshold": 0.0})
+        plain = prec.run(model, q, k, v, **{**run_kw, "threshold": 0.0, "trace_at": None})
         base = Baseline(order, float(run_kw.get("threshold") or 0.0), res.rescales,
                         plain.rescales, max_abs_diff(res.out, plain.out),
                         max_abs_diff(res.lse, plain.lse))

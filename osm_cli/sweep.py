@@ -20,7 +20,7 @@ import numpy as np
 
 from .costmodel import fa1_blocks, hbm_bytes_flash, hbm_bytes_standard, tile_bytes
 from .errors import InputError
-from .online import finalize, initial_state, probabilities, rescale_step
+from .online import block_bounds, online_softmax
 from .reference import logsumexp, stable_softmax
 
 
@@ -100,21 +100,17 @@ def score_runner(
     row_tiles = -(-rows // block_q)
 
     def run(block: int) -> Measure:
-        state = initial_state(rows, dtype=s.dtype)
-        rescales = skipped = 0
-        for a in range(0, n, block):
-            prev_m = state.m
-            state = rescale_step(state, s[:, a:a + block]).state
-            rescales += int((np.isfinite(prev_m) & (state.m != prev_m)).sum())
-            masked = np.isneginf(s[:, a:a + block]).all(axis=-1)
+        tr = online_softmax(s, block)
+        skipped = 0
+        for _, a, b in block_bounds(n, block):
+            masked = np.isneginf(s[:, a:b]).all(axis=-1)
             for r in range(row_tiles):
                 skipped += bool(masked[r * block_q:(r + 1) * block_q].all())
-        lse, _ = finalize(state)
-        p = probabilities(s, state).astype(np.float64)
+        p = tr.probabilities.astype(np.float64)
         seen = np.isfinite(ref_lse)
-        lse_err = np.abs(lse.astype(np.float64)[seen] - ref_lse[seen])
+        lse_err = np.abs(tr.lse.astype(np.float64)[seen] - ref_lse[seen])
         return Measure(
-            float(np.abs(p - ref_p).max()), float(lse_err.max(initial=0.0)), rescales,
+            float(np.abs(p - ref_p).max()), float(lse_err.max(initial=0.0)), tr.rescales,
             row_tiles * -(-n // block), skipped,
         )
 

@@ -440,3 +440,12 @@ def test_module_is_pure():
 def test_full_float64_range_without_warnings(form):
     t = online_softmax(np.array([1e308, -1e308]), 1, form)  # warnings are errors here
     np.testing.assert_array_equal(t.probabilities, [1, 0])
+
+
+def test_trace_counts_rescales_over_every_row():
+    """Row [1, 2 | 5, 3]: m moves 2 → 5 at block 1 (one rescale; -inf → 2 is none). Row
+    [2, 4 | 1, 3]: m stays 4 (none). Row [-inf, -inf | 0, 1]: -inf → 1 is no rescale."""
+    s = np.array([[1.0, 2.0, 5.0, 3.0], [2.0, 4.0, 1.0, 3.0], [-np.inf, -np.inf, 0.0, 1.0]])
+    assert online_softmax(s, 2).rescales == 1
+    assert online_softmax(s, 2, "merge").rescales == 1
+    assert online_softmax(s, 1).rescales == 1 + 1 + 1 + 1  # 1→2, 2→5; 2→4; 0→1
