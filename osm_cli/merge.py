@@ -31,6 +31,7 @@ from .online import (
     block_state,
     combine,
     finalize,
+    initial_state,
     online_softmax,
     probabilities,
 )
@@ -114,6 +115,14 @@ def merge_partials(outs, lses, lse_base: str = "e") -> tuple[np.ndarray, np.ndar
     return m.out, m.lse
 
 
+def split_edges(n: int, splits: int) -> np.ndarray:
+    """The splits + 1 key indices that cut n keys into `splits` near-equal chunks (some empty
+    when splits > n). Example: split_edges(8, 3) -> [0, 3, 5, 8]"""
+    if splits < 1:
+        raise InputError(f"splits must be at least 1, not {splits}")
+    return np.linspace(0, n, splits + 1).round().astype(int)
+
+
 def partials(scores: np.ndarray, v: np.ndarray, splits: int) -> tuple[np.ndarray, np.ndarray]:
     """Split the keys of scores (rows, n) and v (n, dv) into `splits` near-equal chunks and run
     each to a normalised (O_s, LSE_s), as a split-KV kernel does.
@@ -123,15 +132,11 @@ def partials(scores: np.ndarray, v: np.ndarray, splits: int) -> tuple[np.ndarray
     A chunk with no keys (splits > n) or only -inf scores gets O = 0, LSE = -inf.
     """
     s = np.atleast_2d(scores)
-    n = s.shape[-1]
-    if splits < 1:
-        raise InputError("splits must be at least 1")
-    edges = np.linspace(0, n, splits + 1).round().astype(int)
+    edges = split_edges(s.shape[-1], splits)
     outs, lses = [], []
     for a, b in zip(edges[:-1], edges[1:], strict=True):
         if a == b:
-            st = State(np.full(s.shape[0], -np.inf), np.zeros(s.shape[0]),
-                       np.zeros((s.shape[0], v.shape[-1])))
+            st = initial_state(s.shape[0], v.shape[-1])
         else:
             st = block_state(s[:, a:b], v[a:b])
         lse, out = finalize(st)
