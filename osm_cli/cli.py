@@ -438,8 +438,7 @@ def merge(
     for path, arr, src in ((out_path, rep.merged.out, files[0::2]),
                            (lse_path, rep.merged.lse, files[1::2])):
         if path is not None:
-            io.save_npy(path, arr.astype(io.float_dtype(src)))
-            err.print(f"wrote {path} {tuple(arr.shape)}", markup=False)
+            _save(path, arr.astype(io.float_dtype(src)))
     if as_json:
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
@@ -669,11 +668,17 @@ def _need_plot(plot) -> None:
         plots.require_matplotlib()
 
 
-def _save(path: Path, data: str | bytes, what: str) -> None:
-    """Write an output file (atomically), then say so on stderr, on one line whatever the width
-    (scripts read the path back)."""
-    (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
-    err.print(f"wrote {path} ({what})", markup=False, soft_wrap=True)
+def _save(path: Path, data: str | bytes | np.ndarray, what: str = "") -> None:
+    """Write an output file (atomically): text, bytes, or an array as .npy; then say so on
+    stderr, on one line whatever the width (scripts read the path back). The line names `what`
+    the file holds; for an array, its shape ("wrote o.npy (3, 2)")."""
+    if isinstance(data, np.ndarray):
+        io.save_npy(path, data)
+        about = str(tuple(data.shape))
+    else:
+        (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
+        about = f"({what})"
+    err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
 
 
 def _present(step: bool, heads: list, pages: list, tables: list, after: list = ()) -> bool:

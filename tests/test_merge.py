@@ -267,6 +267,17 @@ def test_cli_merge_writes_files(runner, tmp_path):
     assert "0.75" in r.stdout
 
 
+def test_cli_merge_wrote_lines_stay_whole(runner, tmp_path):
+    """Each 'wrote FILE (shape)' line is one line, however long the path (scripts read it)."""
+    files = _write(tmp_path, [[[1.0, 0.0]], [[0.0, 1.0]]], [[0.0], [0.0]])
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 4)
+    deep.mkdir()
+    o, lse = deep / "merged-output.npy", deep / "merged-lse.npy"
+    r = _run(runner, *files, "--out", o, "--lse", lse)
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == f"wrote {o} (1, 2)\nwrote {lse} (1,)\n"
+
+
 def test_cli_merge_json_base2(runner, tmp_path, strict_json):
     files = _write(tmp_path, [[[1.0]], [[3.0]]], [[1.0], [1.0]])
     r = _run(runner, *files, "--lse-base", "2", "--json")
