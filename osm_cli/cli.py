@@ -433,12 +433,12 @@ def merge(
     """
     if out_path is not None and lse_path is not None and out_path.resolve() == lse_path.resolve():
         raise OsmError(f"--out and --lse are the same file ({out_path}); give two names")
-    outs, lses = io.load_partials(files)
+    outs, lses, (out_dtype, lse_dtype) = io.load_partials(files)
     rep = merge_report(outs, lses, lse_base.value, row)
-    for path, arr, src in ((out_path, rep.merged.out, files[0::2]),
-                           (lse_path, rep.merged.lse, files[1::2])):
+    for path, arr, dtype in ((out_path, rep.merged.out, out_dtype),
+                             (lse_path, rep.merged.lse, lse_dtype)):
         if path is not None:
-            _save(path, arr.astype(io.float_dtype(src)))
+            _save(path, arr.astype(dtype))
     if as_json:
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]

@@ -302,9 +302,10 @@ def is_qkv(paths: list[str]) -> bool:
         return False
 
 
-def float_dtype(paths) -> np.dtype:
-    """The dtype to write results of these inputs in: their common numpy float, else float64."""
-    kinds = {load_array(Path(p)).dtype for p in paths}
+def _float_dtype(dtypes) -> np.dtype:
+    """The dtype to write results of inputs of these dtypes in: their common numpy float, else
+    float64."""
+    kinds = set(dtypes)
     common = np.result_type(*kinds) if all(k.kind == "f" for k in kinds) else np.float64
     return np.dtype(common if common in (np.float16, np.float32, np.float64) else np.float64)
 
@@ -345,8 +346,9 @@ def load_mask(path: str) -> np.ndarray:
     return mask
 
 
-def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Split-KV partial results from pairs of files O_0 LSE_0 O_1 LSE_1 …, checked and as float64.
+def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray], tuple]:
+    """Split-KV partial results from pairs of files O_0 LSE_0 O_1 LSE_1 …, checked and as float64,
+    and the dtypes to write the merged O and LSE in (the files' common float, else float64).
 
     Each O is a normalised output (…, dv), each LSE has O's shape without the last axis; every
     pair has the same shapes. NaN anywhere and ±inf in an O are refused; an LSE of ±inf marks a
@@ -356,11 +358,13 @@ def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]
         raise InputError(
             f"merge needs pairs of files, O_0 LSE_0 O_1 LSE_1 …; got {len(paths)} file(s)"
         )
-    outs, lses = [], []
+    outs, lses, o_dtypes, l_dtypes = [], [], [], []
     for o_path, l_path in zip(paths[0::2], paths[1::2], strict=True):
         o, lse = load_array(Path(o_path)), load_array(Path(l_path))
         for arr, p in ((o, o_path), (lse, l_path)):
             check_real(arr, str(p))
+        o_dtypes.append(o.dtype)
+        l_dtypes.append(lse.dtype)
         o = np.asarray(o, dtype=np.float64)
         lse = np.asarray(lse, dtype=np.float64)
         if o.ndim < 1 or o.size == 0:
@@ -387,4 +391,4 @@ def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]
             )
         outs.append(o)
         lses.append(lse)
-    return outs, lses
+    return outs, lses, (_float_dtype(o_dtypes), _float_dtype(l_dtypes))

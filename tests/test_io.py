@@ -10,12 +10,14 @@ import sys
 import numpy as np
 import pytest
 
+from osm_cli import io as osm_io
 from osm_cli.errors import InputError, OsmError
 from osm_cli.io import (
     check_scores,
     dumps,
     jsonable,
     load_array,
+    load_partials,
     load_scores,
     parse_text,
     save_npy,
@@ -348,3 +350,26 @@ def test_strict_parser_really_refuses_constants(strict_json):
         strict_json('{"x": NaN}')
     with pytest.raises(ValueError):
         strict_json("[Infinity]")
+
+
+@pytest.mark.parametrize("o_dtypes, l_dtype, expect", [
+    (("float32", "float32"), "float32", ("float32", "float32")),
+    (("float16", "float32"), "float16", ("float32", "float16")),
+    (("int32", "float32"), "float64", ("float64", "float64")),
+])
+def test_load_partials_reads_each_file_once_and_keeps_the_dtypes(
+        tmp_path, monkeypatch, o_dtypes, l_dtype, expect):
+    """The merged O and LSE are written in the inputs' common float (O's and LSE's apart), known
+    from the one load that also checks them: each file is read once."""
+    paths = []
+    for n, dt in enumerate(o_dtypes):
+        np.save(tmp_path / f"o{n}.npy", np.ones((2, 3), dtype=dt))
+        np.save(tmp_path / f"l{n}.npy", np.zeros(2, dtype=l_dtype))
+        paths += [tmp_path / f"o{n}.npy", tmp_path / f"l{n}.npy"]
+    loaded = []
+    real = osm_io.load_array
+    monkeypatch.setattr(osm_io, "load_array", lambda p, **kw: loaded.append(p) or real(p, **kw))
+    outs, lses, dtypes = load_partials(paths)
+    assert loaded == paths
+    assert all(a.dtype == np.float64 for a in (*outs, *lses))
+    assert tuple(str(d) for d in dtypes) == expect
