@@ -431,8 +431,11 @@ def _trace_step(kj, j0, j1, skipped, tile_max, before, after, alpha, at) -> Tile
 
 
 def reference(q, k, v, *, causal=False, scale=None, layout="bhnd", causal_align="bottom-right",
-              window=None, mask=None) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 one-shot (out, lse) for the same conventions as `attention`, shaped alike."""
+              window=None, mask=None, rnd=None, carry=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 one-shot (out, lse) for the same conventions as `attention`, shaped alike.
+
+    With rnd and carry (reference.attention's) each op is rounded instead: precision.plain.
+    """
     from . import reference as ref
 
     q4, k4, v4 = bhnd_inputs(q, k, v, layout)
@@ -445,6 +448,7 @@ def reference(q, k, v, *, causal=False, scale=None, layout="bhnd", causal_align=
     out, lse = ref.attention(
         q4, k4, v4, 1.0 / math.sqrt(d) if scale is None else scale,
         None if band is None else (lambda i0, i1: band.visible(i0, i1, 0, s)), full_mask,
+        rnd=rnd, carry=carry,
     )
     nd = np.asarray(q).ndim
     return from_bhnd(out, nd, layout), from_bhnd(lse[..., None], nd, layout)[..., 0]

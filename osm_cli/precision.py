@@ -31,16 +31,13 @@ from .attention import (
     Attention,
     as_bhnd,
     attention,
-    bhnd_inputs,
     default_blocks,
-    from_bhnd,
-    make_band,
     mask_about,
     reference,
 )
 from .errors import OsmError
 from .online import Trace, online_softmax
-from .reference import logsumexp, naive_softmax, stable_softmax
+from .reference import naive_softmax, stable_softmax
 
 DTYPES = {
     "float64": np.dtype(np.float64),
@@ -488,54 +485,19 @@ def finish(m: Model, res: Attention) -> Attention:
     return replace(res, out=round_to(res.out, m.dtype, res.out.dtype), trace_out=trace_out)
 
 
-def plain(q, k, v, dtype, *, causal=False, scale=None, layout="bhnd",
-          causal_align="bottom-right", window=None, mask=None,
-          masked_lse="neg-inf") -> tuple[np.ndarray, np.ndarray]:
+def plain(q, k, v, dtype, **mask_kw) -> tuple[np.ndarray, np.ndarray]:
     """Plain attention in `dtype`, FlashAttention's test `pt` (upcast=False): (out, lse).
 
     Each op's result is rounded to the dtype, with float32 inside the op, as PyTorch computes
     16-bit tensors: Q·scale, S = (Q·scale)·Kᵀ, a float mask added, softmax(S), P·V. LSE is the
-    logsumexp of the rounded S, in float32. Rows are done in chunks; no t × s matrix is held
-    whole. Outputs are shaped like attention's and carried in float32 (float64 for float64).
+    logsumexp of the rounded S, in float32. This is attention.reference with each op rounded
+    (mask_kw are its causal, scale, layout, causal_align, window and mask); outputs are shaped
+    like attention's and carried in float32 (float64 for float64).
     """
     dt = np.dtype(dtype)
     c = carrier(dt)
-
-    def rnd(x):
-        return round_to(x, dt, c)
-
-    q4, k4, v4 = bhnd_inputs(q, k, v, layout)
-    b, hq, t, d = q4.shape
-    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
-    heads = np.arange(hq) // (hq // hk)  # GQA: query head h reads kv head h // (Hq / Hkv)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d) if d else 1.0
-    band = make_band(t, s, causal, causal_align, window)
-    full_mask = None
-    if mask is not None:
-        full_mask = np.asarray(mask)
-        full_mask = np.broadcast_to(full_mask if full_mask.dtype.kind == "b" else rnd(full_mask),
-                                    (b, hq, t, s))
-    kT = rnd(k4).swapaxes(-1, -2)[:, heads]
-    v4 = rnd(v4)[:, heads]
-    out = np.zeros((b, hq, t, dv), dtype=c)
-    lse = np.zeros((b, hq, t), dtype=c)
-    chunk = max(1, (1 << 22) // max(1, b * hq * s))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for i0 in range(0, t, chunk):
-            i1 = min(t, i0 + chunk)
-            sc = rnd(rnd(q4[..., i0:i1, :]) * c.type(scale)) @ kT
-            sc = rnd(sc)
-            if band is not None:
-                sc = np.where(band.visible(i0, i1, 0, s), sc, c.type(-np.inf))
-            if full_mask is not None:
-                mk = full_mask[..., i0:i1, :]
-                sc = np.where(mk, sc, c.type(-np.inf)) if mk.dtype.kind == "b" else rnd(sc + mk)
-            out[..., i0:i1, :] = rnd(rnd(stable_softmax(sc)) @ v4)
-            lse[..., i0:i1] = logsumexp(sc)
-    lse[np.isneginf(lse)] = MASKED_LSE[masked_lse]
-    nd = np.ndim(q)
-    return from_bhnd(out, nd, layout), from_bhnd(lse[..., None], nd, layout)[..., 0]
+        return reference(q, k, v, **mask_kw, rnd=lambda x: round_to(x, dt, c), carry=c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -753,7 +715,7 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
     """precision naive as an Attention record: plain attention in the dtype, one shot (no tiles)."""
     mask_kw = {key: kwargs[key] for key in ("causal", "scale", "layout", "causal_align", "window",
                                             "mask") if key in kwargs}
-    out, lse = plain(q, k, v, m.dtype, masked_lse="neg-inf", **mask_kw)
+    out, lse = plain(q, k, v, m.dtype, **mask_kw)
     layout = mask_kw.get("layout", "bhnd")
     d = np.shape(q)[-1]
     scale = mask_kw.get("scale")

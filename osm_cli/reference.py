@@ -7,6 +7,8 @@ overflows where it does in real life. Leaves out: any blocking or tiling.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -67,33 +69,41 @@ def attention(
     visible=None,
     mask: np.ndarray | None = None,
     rows_per_chunk: int | None = None,
+    *,
+    rnd: Callable[[np.ndarray], np.ndarray] | None = None,
+    carry=np.float64,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One-shot attention in float64: softmax(scale·Q·Kᵀ + mask)·V and its LSE, row by row.
+    """One-shot attention: softmax(scale·Q·Kᵀ + mask)·V and its LSE, row by row, in float64.
 
     q (B, H, t, d), k and v (B, H, s, ·) with K/V heads already matched to Q's (a broadcast view
     is fine). visible(i0, i1) gives the boolean (i1 - i0, s) band of the causal mask / window, or
     None; mask is broadcast to (B, H, t, s): bool True = attend, float added. Rows are done in
     chunks so memory stays bounded; the full t × s matrix is never held. Rows with every key
     masked give output 0 and LSE -inf.
+
+    rnd, if given, rounds K, V and each op's result (Q, Q·scale, S, a float mask and S + mask,
+    softmax(S), P·V) the way a low-precision framework does (precision.plain); carry is the dtype
+    the values are held in (rnd's, float64 without it).
     """
+    carry = np.dtype(carry)
+    to = rnd or (lambda x: np.asarray(x, dtype=carry))
     b, h, t, _ = q.shape
     s = k.shape[2]
-    out = np.zeros((b, h, t, v.shape[-1]))
-    lse = np.full((b, h, t), -np.inf)
+    out = np.zeros((b, h, t, v.shape[-1]), dtype=carry)
+    lse = np.full((b, h, t), -np.inf, dtype=carry)
     if s == 0:  # no keys at all: every row is fully masked
         return out, lse
     chunk = rows_per_chunk or max(1, (1 << 22) // max(1, b * h * s))
-    kT = np.asarray(k, dtype=np.float64).swapaxes(-1, -2)
-    v64 = np.asarray(v, dtype=np.float64)
+    kT = to(k).swapaxes(-1, -2)
+    vc = to(v)
     for i0 in range(0, t, chunk):
         i1 = min(t, i0 + chunk)
-        sc = (np.asarray(q[..., i0:i1, :], dtype=np.float64) * scale) @ kT
+        sc = to(to(to(q[..., i0:i1, :]) * carry.type(scale)) @ kT)
         if visible is not None:
-            sc = np.where(visible(i0, i1), sc, -np.inf)
+            sc = np.where(visible(i0, i1), sc, carry.type(-np.inf))
         if mask is not None:
             mk = mask[..., i0:i1, :]
-            sc = np.where(mk, sc, -np.inf) if mk.dtype.kind == "b" else sc + mk
-        p = stable_softmax(sc)
-        out[..., i0:i1, :] = p @ v64
+            sc = np.where(mk, sc, carry.type(-np.inf)) if mk.dtype.kind == "b" else to(sc + to(mk))
+        out[..., i0:i1, :] = to(to(stable_softmax(sc)) @ vc)
         lse[..., i0:i1] = logsumexp(sc)
     return out, lse

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osm_cli import precision as P
-from osm_cli.errors import OsmError
+from osm_cli.errors import OsmError, ShapeError
 
 att = importlib.import_module("osm_cli.attention")
 F16, BF16 = P.DTYPES["float16"], P.DTYPES["bfloat16"]
@@ -151,6 +151,21 @@ def test_plain_rounds_each_op_like_pytorch():
     out, lse = P.plain(q, k, v, F16)
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_allclose(lse, np.log(np.exp(s.astype(np.float64)).sum(axis=1)), rtol=1e-6)
+
+
+def test_plain_takes_the_references_edge_cases():
+    """plain is the reference with each op rounded: no keys gives O 0 and LSE -inf, and a mask
+    that does not broadcast is a ShapeError naming it, as for the float64 reference."""
+    q, k, v = np.ones((3, 4)), np.ones((0, 4)), np.ones((0, 2))
+    out, lse = P.plain(q, k, v, F16)
+    ref, ref_lse = att.reference(q, k, v)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(lse, ref_lse)
+    assert lse.tolist() == [-np.inf] * 3 and out.dtype == np.float32
+    q, k, v = np.ones((3, 4)), np.ones((5, 4)), np.ones((5, 2))
+    bad = np.ones((2, 5), dtype=bool)
+    with pytest.raises(ShapeError, match=r"^mask of shape \(2, 5\) does not broadcast"):
+        P.plain(q, k, v, BF16, mask=bad)
 
 
 def test_naive_model_is_plain_attention_with_the_run_record():
