@@ -22,7 +22,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from . import documents, export, io, render, report, tilemap
+from . import costmodel, documents, export, io, render, report, stepmode, tilemap
 from . import plot as plots
 from .errors import OsmError
 from .merge import merge_report
@@ -151,10 +151,8 @@ def _block_list(text: str) -> list[int]:
 
 
 def _size(text: str) -> int:
-    from .costmodel import parse_size
-
     try:
-        return parse_size(text)
+        return costmodel.parse_size(text)
     except OsmError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -545,9 +543,7 @@ def cost(
     Example (GPT-2 medium, FA1 Fig. 2):
       osm cost -n 1024 -d 64 --heads 16 --batch 64
     """
-    from .costmodel import cost as model
-
-    c = model(seq_len, head_dim, heads, batch, dtype_bytes, sram)
+    c = costmodel.cost(seq_len, head_dim, heads, batch, dtype_bytes, sram)
     if as_json:
         return emit_json(documents.cost_doc(c))
     out.print(render.cost_table(c))
@@ -699,8 +695,6 @@ def _present(step: bool, heads: list, pages: list, tables: list, after: list = (
 
 def _step_interactive(step: bool) -> bool:
     """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
-    from . import stepmode
-
     if step and stepmode.interactive(sys.stdin, sys.stdout):
         return True
     if step:
@@ -710,15 +704,11 @@ def _step_interactive(step: bool) -> bool:
 
 
 def _step_keys():
-    from . import stepmode
-
     return stepmode.buffered(_getkey)
 
 
 def _step_frames(frame, count: int, unit: str, getkey) -> bool:
     """Show frame(k) one key press at a time; False (and a note) when the user quit early."""
-    from . import stepmode
-
     shown = stepmode.step_through(out, frame, count, getkey)
     if shown < count:
         err.print(f"stopped at {unit} {shown} of {count}")

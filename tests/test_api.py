@@ -1,0 +1,60 @@
+"""The public Python API (osm_cli/__init__.py): every name in __all__ is there, is the object its
+module defines, and is imported only when first used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import osm_cli
+from osm_cli import attention, check, online_softmax, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_name_in_all_is_the_object_its_module_defines():
+    assert len(osm_cli.__all__) == len(set(osm_cli.__all__))
+    for name in osm_cli.__all__:
+        value = getattr(osm_cli, name)
+        defined = "reference" if name == "attention_reference" else name
+        assert value is getattr(sys.modules[value.__module__], defined), name
+    assert osm_cli.attention_reference.__module__ == "osm_cli.attention"
+
+
+def test_from_imports_and_star_import():
+    """attention and sweep are the functions, though each is also a submodule's name."""
+    assert type(attention) is types.FunctionType and attention.__module__ == "osm_cli.attention"
+    assert type(sweep) is types.FunctionType and sweep.__module__ == "osm_cli.sweep"
+    assert check is sys.modules["osm_cli.precision"].check
+    assert online_softmax is sys.modules["osm_cli.online"].online_softmax
+    space: dict = {}
+    exec("from osm_cli import *", space)
+    assert set(osm_cli.__all__) <= set(space)
+    assert set(osm_cli.__all__) <= set(dir(osm_cli))
+
+
+def test_unknown_names_fail_as_usual():
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        osm_cli.nope  # noqa: B018
+    with pytest.raises(ImportError):
+        exec("from osm_cli import nope", {})
+
+
+def test_names_load_on_first_use():
+    """`osm` (osm_cli.cli) starts without precision.py and ml_dtypes; asking for a name loads
+    its module, and attention and sweep stay the functions after the CLI imported their
+    modules."""
+    code = (
+        "import sys, types, osm_cli.cli\n"
+        "print('ml_dtypes' in sys.modules, 'osm_cli.precision' in sys.modules)\n"
+        "from osm_cli import attention, sweep, check\n"
+        "print(type(attention) is types.FunctionType, type(sweep) is types.FunctionType, "
+        "'ml_dtypes' in sys.modules, check.__module__)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          check=True, timeout=60)
+    assert proc.stdout.splitlines() == ["False False", "True True True osm_cli.precision"]
