@@ -499,6 +499,26 @@ class SplitRun:
     max_lse_diff: float
 
 
+def split_runs(q, k, v, ranges, *, reverse: bool = False, **kwargs) -> list[Attention]:
+    """attention over each key range (start, stop) of `ranges`: the parts of a split-KV run.
+
+    kwargs are attention's; each part's fully masked rows get LSE -inf whatever masked_lse says,
+    as a merge needs them. reverse visits each part's K/V tiles last to first (FA2's kernel).
+    """
+    kwargs = {**kwargs, "masked_lse": "neg-inf"}
+    bk = kwargs.get("block_k") or default_blocks(np.shape(q)[-1])[1]
+    parts = []
+    for a, b in ranges:
+        extra = {"order": np.arange(-(-(b - a) // bk))[::-1]} if reverse else {}
+        parts.append(attention(q, k, v, keys=(int(a), int(b)), **extra, **kwargs))
+    return parts
+
+
+def masked_as(lse: np.ndarray, masked_lse: str) -> np.ndarray:
+    """lse with its fully masked rows (-inf) set by the masked_lse convention, in lse's dtype."""
+    return np.where(np.isneginf(lse), MASKED_LSE[masked_lse], lse).astype(lse.dtype)
+
+
 def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
     """Run attention on `splits` near-equal chunks of the keys and merge them (NUMERICS §4).
 
@@ -512,11 +532,9 @@ def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
     layout = kwargs.get("layout", "bhnd")
     s = as_bhnd(np.asarray(k), layout, "K").shape[2]
     edges = np.linspace(0, s, splits + 1).round().astype(int)
-    kwargs = {**kwargs, "masked_lse": "neg-inf"}
-    parts = [attention(q, k, v, keys=(int(a), int(b)), **kwargs)
-             for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    parts = split_runs(q, k, v, zip(edges[:-1], edges[1:], strict=True), **kwargs)
     merged = merge_detail([p.out for p in parts], [p.lse for p in parts])
-    lse = np.where(np.isneginf(merged.lse), MASKED_LSE[unsplit.masked_lse], merged.lse)
+    lse = masked_as(merged.lse, unsplit.masked_lse)
     out = merged.out.astype(unsplit.out.dtype)
     traced = unsplit.traced
     rows = []

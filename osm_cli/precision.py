@@ -33,7 +33,9 @@ from .attention import (
     attention,
     default_blocks,
     mask_about,
+    masked_as,
     reference,
+    split_runs,
 )
 from .errors import OsmError
 from .online import Trace, online_softmax
@@ -443,18 +445,13 @@ def run_flash(m: Model, q, k, v, *, schedule: str = "tiles", sms: int = SMS,
     bq, bk, splits = fa2_plan(b, h, t, s, d, sms)
     n_blocks = -(-s // bk)
     per = -(-n_blocks // splits)
-    parts = []
-    for first in range(0, n_blocks, per):
-        k0, k1 = first * bk, min(s, (first + per) * bk)
-        tiles = -(-(k1 - k0) // bk)
-        parts.append(attention(q, k, v, accum=m.accum, p_round=m.p_round, block_q=bq,
-                               block_k=bk, keys=(k0, k1), order=np.arange(tiles)[::-1],
-                               **{**kwargs, "masked_lse": "neg-inf"}))
+    ranges = [(first * bk, min(s, (first + per) * bk)) for first in range(0, n_blocks, per)]
+    parts = split_runs(q, k, v, ranges, reverse=True, accum=m.accum, p_round=m.p_round,
+                       block_q=bq, block_k=bk, **kwargs)
     res = parts[0] if len(parts) == 1 else _merge_parts(parts, m.accum)
     masked = kwargs.get("masked_lse", "neg-inf")
     if masked != "neg-inf":
-        res = replace(res, lse=np.where(np.isneginf(res.lse), MASKED_LSE[masked], res.lse)
-                      .astype(res.lse.dtype))
+        res = replace(res, lse=masked_as(res.lse, masked))
     return finish(m, res)
 
 
