@@ -687,13 +687,23 @@ def prepare(dtype: str | None, precision: str | None, accum: str | None, q, k,
     return m, rounded, notes
 
 
-def run_kwargs(m: Model | None, splits: int | None = None) -> dict:
-    """attention's keywords for m's tiled run: the state's dtype and P's rounding ({} for none)."""
+def run_kwargs(m: Model | None, splits: int | None = None, order=None,
+               threshold: float = 0.0) -> dict:
+    """attention's keywords for m's tiled run: the state's dtype and P's rounding ({} for none).
+
+    precision naive has no tiles, so it refuses splits, a tile order (a permutation; None is
+    forward) and a rescale threshold rather than ignore them.
+    """
     if m is None:
         return {}
-    if m.precision == "naive" and splits is not None:
-        raise OsmError("--splits needs the tiled run; --precision naive is one-shot attention")
-    return {} if m.precision == "naive" else {"accum": m.accum, "p_round": m.p_round}
+    if m.precision == "naive":
+        for flag, given in (("--splits", splits is not None), ("--order", order is not None),
+                            ("--rescale-threshold", bool(threshold))):
+            if given:
+                raise OsmError(f"{flag} needs the tiled run; --precision naive is one-shot "
+                               "attention")
+        return {}
+    return {"accum": m.accum, "p_round": m.p_round}
 
 
 def run(m: Model | None, q, k, v, **kwargs) -> Attention:
@@ -709,6 +719,7 @@ def run(m: Model | None, q, k, v, **kwargs) -> Attention:
 def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
               **kwargs) -> Attention:
     """precision naive as an Attention record: plain attention in the dtype, one shot (no tiles)."""
+    run_kwargs(m, order=kwargs.get("order"), threshold=kwargs.get("threshold", 0.0))
     mask_kw = {key: kwargs[key] for key in ("causal", "scale", "layout", "causal_align", "window",
                                             "mask") if key in kwargs}
     out, lse = plain(q, k, v, m.dtype, **mask_kw)

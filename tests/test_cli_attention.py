@@ -363,3 +363,13 @@ def test_naive_precision_run_is_one_shot_in_table_and_json(runner, strict_json):
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
     assert (doc["mask"], doc["tiles_total"], doc["tiles_computed"]) == ("none", 0, 0)
+
+
+@pytest.mark.parametrize("option", [("--order", "reverse"), ("--order", "shuffle"),
+                                    ("--rescale-threshold", "0.5")])
+def test_naive_precision_refuses_tile_options(runner, option):
+    """Plain attention has no K/V tiles to reorder or rescale lazily: refused like --splits,
+    not run and reported as 0 difference from itself."""
+    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive", *option)
+    assert_one_error_line(result, words=f"Error: {option[0]} needs the tiled run; --precision "
+                                        "naive is one-shot attention")
