@@ -361,11 +361,9 @@ def attention(
         return emit_json(documents.attention_doc(rep))
     heads = render.attention_heads(rep)
     frame = functools.partial(render.attention_step_frame, heads, res, width=out.width)
-    shown = _present(step, heads, [(frame, len(res.trace), "tile")],
-                     [render.attention_trace(res, rep.ref_row, out.width, show_all)],
-                     [render.attention_output(res, rep.ref_row, show_all)])
-    if shown and rep.split is not None:
-        out.print(render.split_table(rep.split))
+    if _present(step, heads, [(frame, len(res.trace), "tile")],
+                [render.attention_trace(res, out.width, show_all)]):
+        out.print(render.attention_results(rep, show_all))
 
 
 @app.command("overflow-demo")
@@ -677,16 +675,14 @@ def _save(path: Path, data: str | bytes | np.ndarray, what: str = "") -> None:
     err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
 
 
-def _present(step: bool, heads: list, pages: list, tables: list, after: list = ()) -> bool:
+def _present(step: bool, heads: list, pages: list, tables: list) -> bool:
     """Print the headers, then the tables; or, under --step in a terminal, each page (frame,
-    count, unit) one key press at a time, then `after`. False when the user quit early."""
+    count, unit) one key press at a time. False when the user quit early: print nothing more."""
     if _step_interactive(step) and all(count for _, count, _ in pages):
         getkey = _step_keys()
         for frame, count, unit in pages:
             if not _step_frames(frame, count, unit, getkey):
                 return False
-        for r in after:
-            out.print(r)
         return True
     for r in (*heads, *tables):
         out.print(r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -345,12 +346,12 @@ def baseline_lines(b) -> Text:
     )
 
 
-def attention_trace(res, ref_row, width: int = 100, show_all: bool = False) -> Group:
-    """The traced query row, tile by tile, then its output beside the reference."""
-    return _fit(lambda d: _attention_trace(res, ref_row, d, show_all), width, (7, 6, 5, 4))
+def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
+    """The traced query row, tile by tile (attention_results shows its output)."""
+    return _fit(lambda d: _attention_trace(res, d, show_all), width, (7, 6, 5, 4))
 
 
-def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
+def _attention_trace(res, d: int, show_all: bool) -> Group:
     b, h, i = res.traced
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     nc = {"justify": "right", "no_wrap": True}
@@ -375,7 +376,7 @@ def _attention_trace(res, ref_row, d: int, show_all: bool) -> Group:
 
     _fill(t, len(res.trace), row, show_all)
     title = Text(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0")
-    return Group(title, t, *attention_output(res, ref_row, show_all).renderables)
+    return Group(title, t)
 
 
 def attention_output(res, ref_row, show_all: bool = False) -> Group:
@@ -396,15 +397,18 @@ def attention_output(res, ref_row, show_all: bool = False) -> Group:
     return Group(*parts)
 
 
+def attention_results(rep, show_all: bool = False) -> Group:
+    """What follows osm attention's trace (report.AttentionReport): the traced row's output
+    beside the reference, then the splits of --splits."""
+    split = [] if rep.split is None else [split_table(rep.split)]
+    return Group(attention_output(rep.result, rep.ref_row, show_all), *split)
+
+
 def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) -> Group:
     """attention --step: the headers, the traced row's tiles up to `upto` (that row
-    highlighted) and a hint; the output row comes after the last tile."""
-    from dataclasses import replace
-
-    shown = replace(res, trace=res.trace[: upto + 1], trace_out=None)
-    group = attention_trace(shown, None, width)
-    group.renderables[1].rows[-1].style = "reverse"
-    return Group(*headers, *group.renderables, step_hint(upto, len(res.trace), "tile"))
+    highlighted) and a hint."""
+    return _frame(headers, res.trace, upto, "tile",
+                  lambda shown: attention_trace(replace(res, trace=shown), width))
 
 
 def progress_bar(console: Console):
@@ -438,12 +442,17 @@ def split_table(run) -> Group:
 
 def step_frame(headers: Sequence, trace, upto: int, width: int = 100) -> Group:
     """Step mode: the header, the step table up to block `upto` (that row highlighted), a hint."""
-    from dataclasses import replace
+    return _frame(headers, trace.steps, upto, "block",
+                  lambda shown: step_table(replace(trace, steps=shown), False, width))
 
-    shown = replace(trace, steps=trace.steps[: upto + 1])
-    group = step_table(shown, False, width)
+
+def _frame(headers: Sequence, steps: Sequence, upto: int, unit: str,
+           table: Callable[[Sequence], Group]) -> Group:
+    """One step-mode frame: the headers, table(the steps up to `upto`) (a title, then the table,
+    whose last row is highlighted) and the hint."""
+    group = table(steps[: upto + 1])
     group.renderables[1].rows[-1].style = "reverse"
-    return Group(*headers, *group.renderables, step_hint(upto, len(trace.steps)))
+    return Group(*headers, *group.renderables, step_hint(upto, len(steps), unit))
 
 
 def step_hint(upto: int, n: int, unit: str = "block") -> Text:
