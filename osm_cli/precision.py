@@ -538,7 +538,11 @@ def fa_rule(out, ref, pt, dtype) -> Rule:
     Example: fa_rule(out, ref64, pt, DTYPES["float16"]).passed
     """
     dt = np.dtype(dtype)
-    ref_d = round_to(ref, dt, np.float64)
+    return _fa_rule(out, round_to(ref, dt, np.float64), pt, dt)
+
+
+def _fa_rule(out, ref_d, pt, dt: np.dtype) -> Rule:
+    """fa_rule with ref already rounded to the dtype (ref_d, float64), for callers that keep it."""
     err = _max_abs(np.asarray(out, dtype=np.float64) - ref_d)
     pt_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
     r = ref_d.astype(dt)
@@ -568,12 +572,16 @@ def lse_errors(lse, ref_lse) -> np.ndarray:
 def lse_rule(lse, ref_lse, pt_lse) -> Rule:
     """The same rule for the LSE (osm's extension): pt's LSE is the logsumexp of the dtype-rounded
     scores, and the 0.3 arithmetic is done in float32, the LSE's own dtype."""
+    return _lse_rule(lse_errors(lse, ref_lse), lse_errors(pt_lse, ref_lse), ref_lse)
+
+
+def _lse_rule(errs: np.ndarray, pt_errs: np.ndarray, ref_lse) -> Rule:
+    """lse_rule from the per-row lse_errors of the run (errs) and of plain attention (pt_errs)."""
     ref = np.asarray(ref_lse, dtype=np.float64)
     finite = ref[np.isfinite(ref)].astype(np.float32)
     third = np.float32(0.3)
     moved = ((finite + third) - third).astype(np.float64)
-    return _rule(_max_abs(lse_errors(lse, ref)), _max_abs(lse_errors(pt_lse, ref)),
-                 _max_abs(moved - finite))
+    return _rule(_max_abs(errs), _max_abs(pt_errs), _max_abs(moved - finite))
 
 
 @dataclass(frozen=True)
@@ -596,13 +604,22 @@ class Verdict:
 def judge(out, ref, pt, dtype, *, lse=None, ref_lse=None, pt_lse=None) -> Verdict:
     """Errors against the float64 reference (ref, ref_lse) and the FA rule with plain `pt`."""
     ref64 = np.asarray(ref, dtype=np.float64)
+    lse_err = None if lse is None else lse_errors(lse, ref_lse)
+    return _judged(out, ref64, round_to(ref64, dtype, np.float64), pt, dtype, lse_err, ref_lse,
+                   pt_lse)
+
+
+def _judged(out, ref64, ref_d, pt, dtype, lse_err, ref_lse, pt_lse) -> Verdict:
+    """judge, given ref64 rounded to the dtype (ref_d) and the run's per-row lse_errors (None
+    without an LSE), which check() goes on to use row by row."""
     err = _max_abs(np.asarray(out, dtype=np.float64) - ref64)
     plain_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref64)
-    lrule = None if lse is None else lse_rule(lse, ref_lse, pt_lse)
+    pt_lse_err = None if lse_err is None and pt_lse is None else lse_errors(pt_lse, ref_lse)
+    lrule = None if lse_err is None else _lse_rule(lse_err, pt_lse_err, ref_lse)
     return Verdict(
         dtype_name(dtype), err, plain_err, None if lrule is None else lrule.err,
-        _max_abs(lse_errors(pt_lse, ref_lse)) if pt_lse is not None else math.nan,
-        fa_rule(out, ref64, pt, dtype), lrule,
+        _max_abs(pt_lse_err) if pt_lse is not None else math.nan,
+        _fa_rule(out, ref_d, pt, np.dtype(dtype)), lrule,
     )
 
 
@@ -823,20 +840,21 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
     if lse is not None:
         lse = _lse_as_bhnd(lse, ref_lse, layout)
     pt, pt_lse = plain(q, k, v, dt, **mask_kw)
-    verdict = judge(out, ref, pt, dt, lse=lse, ref_lse=ref_lse, pt_lse=pt_lse)
+    ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
+    lse_err = None if lse is None else lse_errors(lse, ref_lse)
+    verdict = _judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
     model_err = None
     if with_model:
         m = model(dtype_name(dt))
         model_err = _max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
                                        **mask_kw).out - ref)
-    # Per row, against the dtype-rounded reference (the rule's own `ref`), in (B, H, t).
-    ref_d = as_bhnd(round_to(ref, dt, np.float64), layout, "ref")
-    diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_d)
+    # Per row, against the dtype-rounded reference, in (B, H, t).
+    ref_rows = as_bhnd(ref_d, layout, "ref")
+    diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_rows)
     row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
-    row_ulps = row_err / ulp(np.abs(ref_d).max(axis=-1, initial=0.0), dt)
-    lse_err = None
-    if lse is not None:
-        lse_err = as_bhnd(lse_errors(lse, ref_lse)[..., None], layout, "LSE")[..., 0]
+    row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
+    if lse_err is not None:
+        lse_err = as_bhnd(lse_err[..., None], layout, "LSE")[..., 0]
     over = ~(row_err <= verdict.rule.bound)  # NaN counts as over
     rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
     order = np.argsort(-rank, kind="stable")[:top]
