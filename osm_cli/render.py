@@ -283,11 +283,18 @@ def overflow_tables(demo) -> Group:
 # attention
 
 
-def attention_summary(res, ref_err: dict | None) -> Table:
-    """Shapes, conventions, tile counts and the error against the float64 reference."""
+def _kv_table(rows) -> Table:
+    """(label, value) rows, the labels in bold, without a header: summaries and verdicts."""
     t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def attention_summary(res, ref_err: dict | None) -> Table:
+    """Shapes, conventions, tile counts and the error against the float64 reference."""
     window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
     rows = [
         ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
@@ -315,9 +322,7 @@ def attention_summary(res, ref_err: dict | None) -> Table:
             ("max relative err of O", num(ref_err["max_rel_err"], 3)),
             ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
         ]
-    for k, v in rows:
-        t.add_row(k, v)
-    return t
+    return _kv_table(rows)
 
 
 def attention_heads(rep) -> list:
@@ -696,17 +701,12 @@ def _verdict_rows(v, model_err: float | None = None, label: str = "this run") ->
 
 def precision_summary(model, notes, verdict) -> Table:
     """osm attention --dtype: the precision model, what rounding the inputs did, the verdict."""
-    t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column()
     rows = [("precision", model.describe()), (f"inputs in {model.name}", rounding_text(notes))]
     if verdict is None:
         rows.append(("verdict", "skipped (--no-reference)"))
     else:
         rows += _verdict_rows(verdict)
-    for k, v in rows:
-        t.add_row(k, v)
-    return t
+    return _kv_table(rows)
 
 
 def check_report(rep, name: str, top: int) -> Group:
@@ -714,14 +714,10 @@ def check_report(rep, name: str, top: int) -> Group:
     v = rep.verdict
     head = Text(f"{name}: shape {rep.shape}, judged as {v.dtype} against the float64 reference "
                 f"of the {v.dtype}-rounded Q, K, V")
-    t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column()
-    for k, val in [("inputs", rounding_text(rep.notes)),
+    t = _kv_table([("inputs", rounding_text(rep.notes)),
                    *_verdict_rows(v, rep.model_err, "the kernel"),
                    ("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
-                   ("verdict", pass_fail(v.passed))]:
-        t.add_row(k, val)
+                   ("verdict", pass_fail(v.passed))])
     rows = Table(title=f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's "
                  "largest |ref|)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for c in ("batch", "head", "query", "max |out − ref|", "ulps", "|LSE − ref|"):
