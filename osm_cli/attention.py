@@ -273,7 +273,7 @@ def attention(
         accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
     accum = np.dtype(accum)
     for name, x in (("Q", q4), ("K", k4), ("V", v4)):
-        _check_finite(x, name)
+        check_finite(x, name)
     band = make_band(t, s, causal, causal_align, window)
     user_mask = None
     if mask is not None:
@@ -407,7 +407,12 @@ def _all_masked(um: np.ndarray) -> bool:
     return not um.any() if um.dtype.kind == "b" else bool(np.isneginf(um).all())
 
 
-def _check_finite(x: np.ndarray, name: str) -> None:
+def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> None:
+    """InputError at x's first NaN or ±inf, by its index in x.
+
+    bhnd (attention's inputs, viewed as (B, H, N, d)) calls it NaN or inf and says so; without
+    it (precision.round_inputs, arrays as given) the message shows the value: nan, inf or -inf.
+    """
     # Chunked so a memory-mapped input is scanned without being read into memory whole.
     flat = x.reshape(-1) if x.flags.c_contiguous else np.ravel(x)
     step = 1 << 22
@@ -416,7 +421,11 @@ def _check_finite(x: np.ndarray, name: str) -> None:
         if not np.isfinite(part).all():
             bad = start + int(np.flatnonzero(~np.isfinite(part))[0])
             idx = tuple(int(i) for i in np.unravel_index(bad, x.shape))
-            what = "NaN" if np.isnan(part[bad - start]) else "inf"
+            value = float(part[bad - start])
+            if not bhnd:
+                raise InputError(f"{name} holds {value} at index {idx}; attention inputs must "
+                                 "be finite")
+            what = "NaN" if math.isnan(value) else "inf"
             raise InputError(f"{name} holds {what} at index {idx} (as (B, H, N, d)); "
                              "attention inputs must be finite")
 

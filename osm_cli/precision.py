@@ -31,6 +31,7 @@ from .attention import (
     Attention,
     as_bhnd,
     attention,
+    check_finite,
     default_blocks,
     mask_about,
     masked_as,
@@ -308,13 +309,8 @@ def round_inputs(arrays: dict, dtype) -> tuple[tuple, tuple[Rounding, ...]]:
     rounded, notes = [], []
     for name, x in arrays.items():
         x = np.asarray(x)
+        check_finite(x if x.dtype.kind == "f" else x.astype(np.float32), name, bhnd=False)
         r = round_to(x, dtype)
-        wide = x if x.dtype.kind == "f" else x.astype(np.float32)
-        bad = ~np.isfinite(wide)
-        if bad.any():
-            at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad)[0]), x.shape))
-            raise OsmError(f"{name} holds {np.asarray(x, dtype=np.float64)[at]} at index {at}; "
-                           "attention inputs must be finite")
         note = rounding(name, x, r)
         if note.overflowed:
             over = np.abs(np.asarray(x, dtype=np.float64)) > lim
