@@ -34,6 +34,11 @@ LAYOUTS = ("bhnd", "bnhd")
 O_SHOWN = 3  # components of O a trace step keeps
 
 
+def default_scale(d: int) -> float:
+    """The score scale when none is given: 1/sqrt(d), d the head dim (≥ 1, check_inputs)."""
+    return 1.0 / math.sqrt(d)
+
+
 def default_blocks(d: int) -> tuple[int, int]:
     """FA2's forward tiles on sm80: block_q 128; block_k 128 for d ≤ 64, else 64 (NUMERICS §5)."""
     return 128, 128 if d <= 64 else 64
@@ -268,7 +273,7 @@ def attention(
     if bq < 1 or bk < 1:
         raise InputError(f"block sizes must be positive (block_q {bq}, block_k {bk})")
     if scale is None:
-        scale = 1.0 / math.sqrt(d) if d else 1.0
+        scale = default_scale(d)
     if accum is None:
         accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
     accum = np.dtype(accum)
@@ -455,7 +460,7 @@ def reference(q, k, v, *, causal=False, scale=None, layout="bhnd", causal_align=
     band = make_band(t, s, causal, causal_align, window)
     full_mask = None if mask is None else _broadcast_mask(np.asarray(mask), (b, hq, t, s))
     out, lse = ref.attention(
-        q4, k4, v4, 1.0 / math.sqrt(d) if scale is None else scale,
+        q4, k4, v4, default_scale(d) if scale is None else scale,
         None if band is None else (lambda i0, i1: band.visible(i0, i1, 0, s)), full_mask,
         rnd=rnd, carry=carry,
     )

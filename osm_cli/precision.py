@@ -27,15 +27,16 @@ import ml_dtypes
 import numpy as np
 
 from .attention import (
-    MASKED_LSE,
     Attention,
     as_bhnd,
     attention,
     check_finite,
     default_blocks,
+    default_scale,
     mask_about,
     masked_as,
     reference,
+    row_of,
     split_runs,
 )
 from .errors import OsmError
@@ -374,7 +375,7 @@ def model(dtype: str = "float32", precision: str | None = None, accum: str | Non
     if precision not in PRECISIONS:
         raise OsmError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if accum is None:
-        acc = np.dtype(np.float64) if bits(dt) > 32 else np.dtype(np.float32)
+        acc = carrier(dt)
     else:
         acc_name, acc = resolve_dtype(accum)
         if acc_name not in ACCUMS:
@@ -651,8 +652,6 @@ def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int =
     Example: trace_in(np.array([2., 4., 1., 3.]), model("bf16", "naive")).trace.steps[0].l
     -> 1.1328125 (e^-2 + 1 in bfloat16)
     """
-    run = online_softmax
-
     s64 = np.asarray(scores, dtype=np.float64)
     held = np.where(np.isneginf(s64), -np.inf, round_to(s64, m.dtype, np.float64))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
@@ -660,10 +659,10 @@ def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int =
             if not has_inf(m.dtype):
                 raise OsmError(f"{m.name} has no -inf, so a running max cannot start at "
                                "m = -inf in it; use --precision flash (m, l in float32)")
-            tr = run(held.astype(m.dtype), block, form, row=row)
+            tr = online_softmax(held.astype(m.dtype), block, form, row=row)
             p = np.asarray(tr.probabilities).astype(m.dtype).astype(np.float64)
         else:
-            tr = run(held.astype(m.accum), block, form, row=row)
+            tr = online_softmax(held.astype(m.accum), block, form, row=row)
             p = round_to(tr.probabilities, m.dtype, np.float64)
         naive = naive_softmax(held.astype(m.dtype)).astype(np.float64)
     # The dtype's values as float64, so that records print and serialise like any other.
@@ -736,16 +735,13 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
     mask_kw = {key: kwargs[key] for key in ("causal", "scale", "layout", "causal_align", "window",
                                             "mask") if key in kwargs}
     out, lse = plain(q, k, v, m.dtype, **mask_kw)
-    layout = mask_kw.get("layout", "bhnd")
-    d = np.shape(q)[-1]
     scale = mask_kw.get("scale")
-    scale = (1.0 / math.sqrt(d) if d else 1.0) if scale is None else scale
+    scale = default_scale(np.shape(q)[-1]) if scale is None else scale
     empty = np.isneginf(lse)
-    lse = np.where(empty, MASKED_LSE[masked_lse], lse).astype(lse.dtype)
+    lse = masked_as(lse, masked_lse)
     trace_out = None
     if trace_at is not None:
-        b, h, i = trace_at
-        trace_out = as_bhnd(out, layout, "output")[b, h, i].copy()
+        trace_out = row_of(out, trace_at, mask_kw.get("layout", "bhnd")).copy()
     return Attention(
         out, lse, float(scale), tuple(np.shape(q)), tuple(np.shape(k)), tuple(np.shape(v)), 0, 0,
         bool(mask_kw.get("causal", False)), mask_kw.get("causal_align", "bottom-right"),
