@@ -29,18 +29,22 @@ def _cell(x) -> str:
     return str(x)
 
 
-def steps_csv(traces) -> str:
-    """One line per step of each trace (a form column tells --form both's two tables apart)."""
+def _csv(header, rows) -> str:
+    """CSV text: the header, then each row of values written by _cell, lines ending in \\n."""
     buf = _io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
-    for t in traces:
-        for i, s in enumerate(t.steps):
-            w.writerow([_cell(x) for x in (
-                t.form, i, s.block, s.start, s.stop, s.block_max, s.m_prev, s.m, s.scale,
-                s.l_prev, s.l, bool(s.rescaled), s.skipped, s.block_m, s.block_l, s.block_weight,
-            )])
+    w.writerow(header)
+    w.writerows([_cell(x) for x in row] for row in rows)
     return buf.getvalue()
+
+
+def steps_csv(traces) -> str:
+    """One line per step of each trace (a form column tells --form both's two tables apart)."""
+    return _csv(COLUMNS, (
+        (t.form, i, s.block, s.start, s.stop, s.block_max, s.m_prev, s.m, s.scale, s.l_prev, s.l,
+         bool(s.rescaled), s.skipped, s.block_m, s.block_l, s.block_weight)
+        for t in traces for i, s in enumerate(t.steps)
+    ))
 
 
 TILE_COLUMNS = (
@@ -56,16 +60,12 @@ def tiles_csv(res) -> str:
     A skipped tile (the mask hides it) has tile_max -inf and leaves the state as it was.
     """
     shown = max((len(s.o) for s in res.trace), default=0)
-    buf = _io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))])
     b, h, i = res.traced
-    for n, s in enumerate(res.trace):
-        w.writerow([_cell(x) for x in (
-            b, h, i, n, s.tile, s.start, s.stop, bool(s.skipped), s.tile_max, s.m_prev, s.m,
-            s.alpha, s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o),
-        )])
-    return buf.getvalue()
+    return _csv([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))], (
+        (b, h, i, n, s.tile, s.start, s.stop, bool(s.skipped), s.tile_max, s.m_prev, s.m, s.alpha,
+         s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o))
+        for n, s in enumerate(res.trace)
+    ))
 
 
 SWEEP_COLUMNS = (
@@ -80,17 +80,13 @@ def sweep_csv(result) -> str:
     max_error is of the probabilities (scores) or of O (Q/K/V); hbm_* are modelled bytes;
     hbm_skipping and row_visits are empty where nothing is skipped.
     """
-    buf = _io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SWEEP_COLUMNS)
-    for r in result.rows:
+    def row(r):
         m = r.measure
-        w.writerow([_cell(x) for x in (
-            r.block, m.tiles, m.skipped, m.rescales, float(m.max_error), float(m.lse_error),
-            r.tile_bytes, bool(r.fits), r.hbm_flash, r.hbm_skipping, result.hbm_standard,
-            m.row_visits,
-        )])
-    return buf.getvalue()
+        return (r.block, m.tiles, m.skipped, m.rescales, float(m.max_error), float(m.lse_error),
+                r.tile_bytes, bool(r.fits), r.hbm_flash, r.hbm_skipping, result.hbm_standard,
+                m.row_visits)
+
+    return _csv(SWEEP_COLUMNS, map(row, result.rows))
 
 
 __all__ = ["COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "sweep_csv", "tiles_csv"]
