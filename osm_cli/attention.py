@@ -539,13 +539,13 @@ def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
     kwargs are attention's (layout, masks, tiles, traced row); empty chunks get LSE -inf and
     weight 0. The result is compared with `unsplit`, the same run without splitting.
     """
-    from .merge import merge_detail
+    from .merge import merge_detail, split_edges
 
     if splits < 1:
         raise InputError(f"--splits must be at least 1, not {splits}")
     layout = kwargs.get("layout", "bhnd")
     s = as_bhnd(np.asarray(k), layout, "K").shape[2]
-    edges = np.linspace(0, s, splits + 1).round().astype(int)
+    edges = split_edges(s, splits)
     parts = split_runs(q, k, v, zip(edges[:-1], edges[1:], strict=True), **kwargs)
     merged = merge_detail([p.out for p in parts], [p.lse for p in parts])
     lse = masked_as(merged.lse, unsplit.masked_lse)

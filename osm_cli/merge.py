@@ -66,11 +66,12 @@ def _stack(xs, name: str) -> np.ndarray:
         raise ShapeError(f"the {name} have different shapes: {shapes}") from None
 
 
-def merge_detail(outs, lses, lse_base: str = "e") -> Merged:
+def merge_detail(outs, lses, lse_base: str = "e", dtype=np.float64) -> Merged:
     """Merge partial outputs and LSEs; see `Merged`. outs (S, ..., dv), lses (S, ...).
 
-    Either argument may be a list of S arrays or one stacked array. Computed in float64; the LSE
-    stays in the base it came in (FlashInfer's is log2, FA's and PyTorch's natural).
+    Either argument may be a list of S arrays or one stacked array. Computed in `dtype` (float64;
+    precision.py's kernel model merges in float32, as FA2's combine kernel does); the LSE stays
+    in the base it came in (FlashInfer's is log2, FA's and PyTorch's natural).
     """
     if lse_base not in LSE_BASES:
         raise InputError(f"lse_base must be 'e' or '2', not {lse_base!r}")
@@ -85,15 +86,15 @@ def merge_detail(outs, lses, lse_base: str = "e") -> Merged:
             f"each output's leading shape {o.shape[1:-1]} must equal its LSE's shape "
             f"{lse.shape[1:]} (output (..., dv), LSE (...))"
         )
-    o = np.asarray(o, dtype=np.float64)
-    lse = np.asarray(lse, dtype=np.float64)
+    o = np.asarray(o, dtype=dtype)
+    lse = np.asarray(lse, dtype=dtype)
     if np.isnan(lse).any():
         raise InputError("an LSE is NaN; a partial result with NaN cannot be merged")
     exp, log = (np.exp, np.log) if lse_base == "e" else (np.exp2, np.log2)
     empty = np.isinf(lse)  # -inf: no visible key; +inf: FA2 writes that for an empty chunk
     lse = np.where(empty, -np.inf, lse)
     top = lse.max(axis=0)
-    ref = np.where(np.isneginf(top), 0.0, top)  # all splits empty: subtract 0, not -inf
+    ref = np.where(np.isneginf(top), lse.dtype.type(0), top)  # all empty: subtract 0, not -inf
     shifted = exp(lse - ref)  # ≤ 1, exactly 0 for the empty splits
     total = shifted.sum(axis=0)
     none = total == 0

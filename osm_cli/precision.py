@@ -452,18 +452,14 @@ def run_flash(m: Model, q, k, v, *, schedule: str = "tiles", sms: int = SMS,
 
 
 def _merge_parts(parts: list, accum: np.dtype) -> Attention:
-    """FA2's split-KV combine: LSE = logsumexp over splits, O = Σ exp(LSE_s − LSE)·O_s."""
-    lses = np.stack([p.lse for p in parts]).astype(accum)
-    top = lses.max(axis=0)
-    ref = np.where(np.isneginf(top), 0, top).astype(accum)
-    w = np.exp(lses - ref)
-    total = w.sum(axis=0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(total > 0, ref + np.log(total), -np.inf).astype(accum)
-    scale = np.where(total > 0, w / np.where(total > 0, total, 1), 0).astype(accum)
-    out = sum(sc[..., None] * p.out for sc, p in zip(scale, parts, strict=True))
+    """FA2's split-KV combine (merge.merge_detail in `accum`): LSE = logsumexp over splits,
+    O = Σ exp(LSE_s − LSE)·O_s, with the parts' tile counts added up."""
+    from .merge import merge_detail
+
+    merged = merge_detail([p.out for p in parts], [p.lse for p in parts], dtype=accum)
+    lse = merged.lse
     head = parts[0]
-    return replace(head, out=out.astype(accum), lse=lse, tiles_computed=sum(
+    return replace(head, out=merged.out.astype(accum), lse=lse, tiles_computed=sum(
         p.tiles_computed for p in parts), tiles_skipped=sum(p.tiles_skipped for p in parts),
         rescales=sum(p.rescales for p in parts), masked_rows=int(np.isneginf(lse).sum()),
         trace=(), trace_out=None)
