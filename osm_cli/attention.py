@@ -308,12 +308,8 @@ def attention(
         if sorted(int(i) for i in order) != list(range(len(starts))):
             raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
         starts = [starts[int(i)] for i in order]
+    check_traced(trace_at, (b, hq, t))
     tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
-    if trace_at is not None and not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
-        raise InputError(
-            f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "
-            f"(B, H, t) = ({b}, {hq}, {t})"
-        )
     n_q, n_k = -(-t // bq), len(starts)
     at_row = (tb, th // g, th % g)
 
@@ -386,6 +382,18 @@ def attention(
         int(np.count_nonzero(empty)), tuple(trace), (tb, th, ti), trace_out,
         {"tiles_total": n_q * n_k, "mask": mask_about(mask)},
     )
+
+
+def check_traced(trace_at: tuple | None, bht: tuple) -> None:
+    """The traced (batch, head, query) must lie inside Q's (B, H, t); None traces nothing."""
+    if trace_at is None:
+        return
+    (tb, th, ti), (b, hq, t) = trace_at, bht
+    if not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
+        raise InputError(
+            f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "
+            f"(B, H, t) = ({b}, {hq}, {t})"
+        )
 
 
 def mask_about(mask: np.ndarray | None) -> str:

@@ -31,6 +31,7 @@ from .attention import (
     as_bhnd,
     attention,
     check_finite,
+    check_traced,
     default_blocks,
     default_scale,
     mask_about,
@@ -440,8 +441,10 @@ def run_flash(m: Model, q, k, v, *, schedule: str = "tiles", sms: int = SMS,
     s = as_bhnd(np.asarray(k), layout, "K").shape[2]
     bq, bk, splits = fa2_plan(b, h, t, s, d, sms)
     n_blocks = -(-s // bk)
-    per = -(-n_blocks // splits)
+    per = max(1, -(-n_blocks // splits))
+    # no keys at all: one empty range, whose rows are fully masked (O = 0, LSE -inf)
     ranges = [(first * bk, min(s, (first + per) * bk)) for first in range(0, n_blocks, per)]
+    ranges = ranges or [(0, 0)]
     parts = split_runs(q, k, v, ranges, reverse=True, accum=m.accum, p_round=m.p_round,
                        block_q=bq, block_k=bk, **kwargs)
     res = parts[0] if len(parts) == 1 else _merge_parts(parts, m.accum)
@@ -730,6 +733,7 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf",
     run_kwargs(m, order=kwargs.get("order"), threshold=kwargs.get("threshold", 0.0))
     mask_kw = {key: kwargs[key] for key in ("causal", "scale", "layout", "causal_align", "window",
                                             "mask") if key in kwargs}
+    check_traced(trace_at, as_bhnd(np.asarray(q), mask_kw.get("layout", "bhnd"), "Q").shape[:3])
     out, lse = plain(q, k, v, m.dtype, **mask_kw)
     scale = mask_kw.get("scale")
     scale = default_scale(np.shape(q)[-1]) if scale is None else scale
@@ -840,7 +844,8 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
     ref_rows = as_bhnd(ref_d, layout, "ref")
     diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_rows)
     row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
-    row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
+    with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
+        row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
     if lse_err is not None:
         lse_err = as_bhnd(lse_err[..., None], layout, "LSE")[..., 0]
     over = ~(row_err <= verdict.rule.bound)  # NaN counts as over

@@ -208,3 +208,25 @@ def test_overflow_demo_dtype(runner):
     assert r.exit_code == 0, r.output
     assert "float8_e4m3fn" in r.stdout and "bfloat16" not in r.stdout
     assert "x as each dtype holds it" in r.stdout
+
+
+def test_check_with_no_keys_judges_the_all_masked_output():
+    """No keys: every row is fully masked, so the right output is 0 (and a 1 is wrong); the
+    FA2 schedule runs one empty key range instead of failing."""
+    from osm_cli import check
+
+    q = np.ones((4, 8), np.float16)
+    k, v = np.zeros((0, 8), np.float16), np.zeros((0, 3), np.float16)
+    assert check(np.zeros((4, 3), np.float16), q, k, v, "fp16").verdict.passed
+    assert not check(np.ones((4, 3), np.float16), q, k, v, "fp16").verdict.passed
+
+
+def test_check_float64_error_on_an_all_zero_row_is_quiet():
+    """Row 0 sees no key (output 0); an output of 1 there is an error of inf ulps of 0 — said
+    without a RuntimeWarning (warnings are errors in this suite)."""
+    from osm_cli import check
+
+    q, k, v = np.ones((2, 4)), np.ones((3, 4)), np.ones((3, 2))
+    mask = np.array([[False] * 3, [True] * 3])
+    rep = check(np.ones((2, 2)), q, k, v, "fp64", mask=mask)
+    assert not rep.verdict.passed

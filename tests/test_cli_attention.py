@@ -373,3 +373,11 @@ def test_naive_precision_refuses_tile_options(runner, option):
     result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive", *option)
     assert_one_error_line(result, words=f"Error: {option[0]} needs the tiled run; --precision "
                                         "naive is one-shot attention")
+
+
+def test_naive_precision_traced_row_out_of_range(runner):
+    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive",
+                 "--query", "100")
+    assert_one_error_line(result)
+    assert result.stderr == ("Error: traced row (batch 0, head 0, query 100) is outside Q's "
+                             "(B, H, t) = (1, 2, 8)\n")
