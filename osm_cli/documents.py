@@ -14,16 +14,25 @@ from dataclasses import asdict
 import numpy as np
 
 
+def _state(st, alpha) -> dict:
+    """A step's running state: m and l before and after, and α (the key "scale")."""
+    return {"m_prev": st.m_prev, "m": st.m, "scale": alpha, "l_prev": st.l_prev, "l": st.l}
+
+
 def step_doc(st) -> dict:
     """One block of a traced row (online.Step)."""
-    d = {
-        "block": st.block, "start": st.start, "stop": st.stop, "block_max": st.block_max,
-        "m_prev": st.m_prev, "m": st.m, "scale": st.scale, "l_prev": st.l_prev, "l": st.l,
-        "rescaled": st.rescaled,
-    }
+    d = {"block": st.block, "start": st.start, "stop": st.stop, "block_max": st.block_max,
+         **_state(st, st.scale), "rescaled": st.rescaled}
     if st.block_l is not None:
         d.update(block_m=st.block_m, block_l=st.block_l, block_weight=st.block_weight)
     return d
+
+
+def tile_doc(s) -> dict:
+    """One K/V tile of attention's traced row (attention.TileStep); o_head is O's first
+    components after the tile, unnormalised."""
+    return {"tile": s.tile, "start": s.start, "stop": s.stop, "skipped": s.skipped,
+            "tile_max": s.tile_max, **_state(s, s.alpha), "o_head": s.o, "o_norm": s.o_norm}
 
 
 def trace_doc(rep) -> dict:
@@ -91,12 +100,7 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
         **(errs or {"reference": "skipped"}),
         "trace": {
             "batch": res.traced[0], "head": res.traced[1], "query": res.traced[2],
-            "steps": [
-                {"tile": s.tile, "start": s.start, "stop": s.stop, "skipped": s.skipped,
-                 "tile_max": s.tile_max, "m_prev": s.m_prev, "m": s.m, "scale": s.alpha,
-                 "l_prev": s.l_prev, "l": s.l, "o_head": s.o, "o_norm": s.o_norm}
-                for s in res.trace
-            ],
+            "steps": [tile_doc(s) for s in res.trace],
             "out": res.trace_out,
             "reference": ref_row,
         },
@@ -217,5 +221,5 @@ def cost_doc(c) -> dict:
 __all__ = [
     "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "cost_doc",
     "merge_doc",
-    "precision_doc", "step_doc", "sweep_doc", "trace_doc", "verdict_doc",
+    "precision_doc", "step_doc", "sweep_doc", "tile_doc", "trace_doc", "verdict_doc",
 ]

@@ -58,6 +58,9 @@ def test_attention_doc_keys():
     assert doc["precision"]["dtype"] == "bfloat16" and doc["precision"]["verdict"]["passed"]
     plain = D.attention_doc(attention_report(q, k, v, mask, with_reference=False))
     assert list(plain)[-2:] == ["reference", "trace"] and plain["reference"] == "skipped"
+    assert list(plain["trace"]["steps"][0]) == [
+        "tile", "start", "stop", "skipped", "tile_max", "m_prev", "m", "scale", "l_prev", "l",
+        "o_head", "o_norm"]
 
 
 def test_merge_doc_row():
