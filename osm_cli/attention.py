@@ -326,7 +326,7 @@ def attention(
         state = initial_state(qt.shape[:-1], dv, accum)
         traced_here = i0 <= ti < i1
         at = (at_row[0] * hk + at_row[1], at_row[2] * n + ti - i0)
-        steps, counts = [], [0, 0, 0]  # computed, skipped, rescales
+        steps, counts = [], [0, 0, 0, 0]  # computed, skipped, rescales, row visits
         for j0 in starts:
             kj, j1 = (j0 - k0) // bk, min(k1, j0 + bk)
             um = None
@@ -339,6 +339,7 @@ def attention(
                     steps.append(_trace_step(kj, j0, j1, True, -np.inf, state, state, None, at))
                 continue
             counts[0] += 1
+            counts[3] += n
             st = qt @ k3[:, j0:j1, :].astype(accum, copy=False).swapaxes(-1, -2)
             if kind == "partial":
                 vis = np.tile(band.visible(i0, i1, j0, j1), (g, 1))
@@ -359,14 +360,14 @@ def attention(
     # Q tiles are independent (FA2 gives each its own thread block); numpy and BLAS release the
     # GIL, so a thread per core runs them side by side.
     trace: list[TileStep] = []
-    computed = skipped = rescales = 0
+    computed = skipped = rescales = visits = 0
     workers = max(1, min(n_q, os.cpu_count() or 1))
     # One BLAS thread per worker: OpenBLAS's own threads would fight ours for the same cores.
     with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
         for done, (steps, counts) in enumerate(pool.map(q_tile, range(0, t, bq)), 1):
             trace += steps
-            computed, skipped, rescales = (a + c for a, c in
-                                           zip((computed, skipped, rescales), counts, strict=True))
+            computed, skipped, rescales, visits = (
+                a + c for a, c in zip((computed, skipped, rescales, visits), counts, strict=True))
             if progress is not None:
                 progress(done, n_q)
     empty = np.isneginf(lse5)
@@ -380,7 +381,8 @@ def attention(
         out, lse, float(scale), tuple(np.shape(q)), tuple(np.shape(k)), tuple(np.shape(v)),
         bq, bk, causal, causal_align, window, masked_lse, computed, skipped, rescales,
         int(np.count_nonzero(empty)), tuple(trace), (tb, th, ti), trace_out,
-        {"tiles_total": n_q * n_k, "mask": mask_about(mask)},
+        # row_visits: (query row, K/V tile) pairs computed, per head (FA1 Prop. 4's count)
+        {"tiles_total": n_q * n_k, "mask": mask_about(mask), "row_visits": visits},
     )
 
 

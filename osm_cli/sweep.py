@@ -126,24 +126,19 @@ def attention_runner(
 
     kwargs are attention's mask, scale and layout keywords (causal, causal_align, window, mask,
     scale, layout). max_error is max |O − ref|; tiles and skipped count (Q tile, K/V tile) pairs
-    per head, as attention does; row_visits comes from tilemap.skip_map (the same skip rule).
+    per head, as attention does, and so do row_visits.
     """
-    from .attention import as_bhnd, attention, errors, reference
-    from .tilemap import row_visits, skip_map
+    from .attention import attention, errors, reference
 
     ref_out, ref_lse = reference(q, k, v, **kwargs)
-    t = as_bhnd(np.asarray(q), kwargs.get("layout", "bhnd"), "Q").shape[2]
-    map_kw = {key: kwargs[key] for key in ("causal", "causal_align", "window", "mask", "layout")
-              if key in kwargs}
 
     def run(block: int) -> Measure:
         res = attention(q, k, v, block_q=block_q, block_k=block, accum=accum, trace_at=None,
                         **kwargs)
         err = errors(res, ref_out, ref_lse)
-        skip = skip_map(q, k, block_q=res.block_q, block_k=block, **map_kw)
         return Measure(
             err["max_abs_err"], err["max_lse_err"], res.rescales, res.extra["tiles_total"],
-            res.tiles_skipped, row_visits(skip, t, res.block_q),
+            res.tiles_skipped, res.extra["row_visits"],
         )
 
     return run

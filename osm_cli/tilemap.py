@@ -14,12 +14,18 @@ Example: skip_map(q, k, block_q=4, block_k=2, causal=True) for t = s = 8 ->
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import _broadcast_mask, as_bhnd, check_inputs, make_band, tile_kind
+from .attention import (
+    _broadcast_mask,
+    as_bhnd,
+    check_inputs,
+    default_scale,
+    make_band,
+    tile_kind,
+)
 from .errors import InputError
 from .reference import stable_softmax
 
@@ -92,7 +98,7 @@ def head_probabilities(
     hk, s = k4.shape[1], k4.shape[2]
     if not (0 <= batch < b and 0 <= head < hq):
         raise InputError(f"batch {batch}, head {head} is outside Q's (B, H) = ({b}, {hq})")
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scale = default_scale(d) if scale is None else scale
     band = make_band(t, s, causal, causal_align, window)
     um = None if mask is None else _broadcast_mask(np.asarray(mask), (b, hq, t, s))
     kT = np.asarray(k4[batch, head // (hq // hk)], dtype=np.float64).T
