@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from .errors import InputError, ShapeError
 from .online import FORMS, finalize, initial_state, kept, merge_step, moved, rescale_step
-from .reference import max_abs_diff
+from .reference import apply_masks, max_abs_diff
 
 MASKED_LSE = {"neg-inf": -np.inf, "pos-inf": np.inf, "zero": 0.0}
 ALIGNS = ("bottom-right", "top-left")
@@ -341,11 +341,8 @@ def attention(
             counts[0] += 1
             counts[3] += n
             st = qt @ k3[:, j0:j1, :].astype(accum, copy=False).swapaxes(-1, -2)
-            if kind == "partial":
-                vis = np.tile(band.visible(i0, i1, j0, j1), (g, 1))
-                st = np.where(vis, st, accum.type(-np.inf))
-            if um is not None:
-                st = np.where(um, st, accum.type(-np.inf)) if um.dtype.kind == "b" else st + um
+            vis = np.tile(band.visible(i0, i1, j0, j1), (g, 1)) if kind == "partial" else None
+            st = apply_masks(st, vis, um)
             up = step(state, st, v3[:, j0:j1, :].astype(accum, copy=False), **step_kw)
             counts[2] += int(np.count_nonzero(moved(state.m, up.state.m)))
             if traced_here:

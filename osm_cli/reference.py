@@ -61,6 +61,23 @@ def logsumexp(scores: np.ndarray) -> np.ndarray:
         return ref + np.log(np.exp(s - ref[..., None]).sum(axis=-1))
 
 
+def apply_masks(sc: np.ndarray, visible=None, mask=None, to=None) -> np.ndarray:
+    """Scores with the causal band / window (visible: True = seen) and the user's mask applied:
+    a boolean mask hides where False, a float mask is added (rounded by `to` when given).
+
+    The one place scores get masked: the reference, the tiled forward and the heatmap use it.
+    """
+    neg = sc.dtype.type(-np.inf)
+    if visible is not None:
+        sc = np.where(visible, sc, neg)
+    if mask is not None:
+        if mask.dtype.kind == "b":
+            sc = np.where(mask, sc, neg)
+        else:
+            sc = sc + mask if to is None else to(sc + to(mask))
+    return sc
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -99,11 +116,8 @@ def attention(
     for i0 in range(0, t, chunk):
         i1 = min(t, i0 + chunk)
         sc = to(to(to(q[..., i0:i1, :]) * carry.type(scale)) @ kT)
-        if visible is not None:
-            sc = np.where(visible(i0, i1), sc, carry.type(-np.inf))
-        if mask is not None:
-            mk = mask[..., i0:i1, :]
-            sc = np.where(mk, sc, carry.type(-np.inf)) if mk.dtype.kind == "b" else to(sc + to(mk))
+        sc = apply_masks(sc, None if visible is None else visible(i0, i1),
+                         None if mask is None else mask[..., i0:i1, :], to)
         out[..., i0:i1, :] = to(to(stable_softmax(sc)) @ vc)
         lse[..., i0:i1] = logsumexp(sc)
     return out, lse

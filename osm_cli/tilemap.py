@@ -27,7 +27,7 @@ from .attention import (
     tile_kind,
 )
 from .errors import InputError
-from .reference import stable_softmax
+from .reference import apply_masks, stable_softmax
 
 
 def _shapes(q, k, layout):
@@ -109,11 +109,8 @@ def head_probabilities(
     for i0 in range(0, nr if s else 0, chunk):  # no keys: nothing to normalise over
         i1 = min(nr, i0 + chunk)
         sc = (np.asarray(q4[batch, head, i0:i1], dtype=np.float64) * scale) @ kT
-        if band is not None:
-            sc = np.where(band.visible(i0, i1, 0, s), sc, -np.inf)
-        if um is not None:
-            mk = um[batch, head, i0:i1]
-            sc = np.where(mk, sc, -np.inf) if mk.dtype.kind == "b" else sc + mk
+        sc = apply_masks(sc, None if band is None else band.visible(i0, i1, 0, s),
+                         None if um is None else um[batch, head, i0:i1])
         p[i0:i1] = stable_softmax(sc)[:, :nc]
         masked[i0:i1] = np.isneginf(sc[:, :nc])
     skip = skip_map(q, k, block_q=block_q, block_k=block_k, causal=causal,
