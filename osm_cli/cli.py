@@ -160,6 +160,15 @@ def _size(text: str) -> int:
 _DTYPES_HELP = ("float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 "
                 "(or fp64, fp32, fp16, bf16, e4m3, e5m2)")
 
+
+def _csv_option(table: str):
+    """--csv FILE, writing `table` (its help names the command's table)."""
+    return Annotated[Path | None, typer.Option(
+        "--csv", metavar="FILE", help=f"Also write {table} to FILE as CSV.")]
+
+
+# Every command but overflow-demo.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")]
 # Options that attention, check, sweep and trace share.
 CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal mask.")]
 CausalAlignOpt = Annotated[
@@ -184,9 +193,10 @@ PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
     "before P·V; the default) or naive (everything in the dtype).")]
 AccumOpt = Annotated[AccumDtype | None, typer.Option(
     "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
-# Options shared by trace and attention.
-CsvOpt = Annotated[Path | None, typer.Option(
-    "--csv", metavar="FILE", help="Also write the step table to FILE as CSV.")]
+# Options shared by trace and attention (sweep's --csv is the same option, naming its table).
+CsvOpt = _csv_option("the step table")
+SweepCsvOpt = _csv_option("the sweep table")
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")]
 StepOpt = Annotated[bool, typer.Option(
     "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
     "space: next, q: quit).")]
@@ -194,6 +204,10 @@ PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of
 # attention's tile size options, shared with sweep (where --block-k is the swept size).
 BlockQOpt = Annotated[
     int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
+]
+# Options shared by trace and sweep.
+ValuesOpt = Annotated[
+    str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
 ]
 
 
@@ -208,18 +222,16 @@ def trace(
         str | None,
         typer.Argument(help="Scores: text, .csv, .npy/.npz file, or '-' for standard input."),
     ] = None,
-    values: Annotated[
-        str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
-    ] = None,
+    values: ValuesOpt = None,
     block: Annotated[int, typer.Option("--block", "-b", min=1, help="Scores per block.")] = 2,
     form: Annotated[Form, typer.Option("--form", help="Update form to show.")] = Form.rescale,
     row: Annotated[int, typer.Option("--row", min=0, help="Row of a matrix to trace.")] = 0,
     show_all: Annotated[bool, typer.Option("--all", help="Show every block and element.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    as_json: JsonOpt = False,
     order: Annotated[TileOrder | None, typer.Option(
         "--order", help="Fold the blocks forward, reverse or shuffled (--seed); also reports the "
         "max difference between forward, this order and a pairwise (tree) merge.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")] = 0,
+    seed: SeedOpt = 0,
     rescale_threshold: Annotated[float, typer.Option(
         "--rescale-threshold", min=0.0, metavar="TAU",
         help="Lazy rescale (FA4): move m only when a block max exceeds it by more than TAU, in "
@@ -306,7 +318,7 @@ def attention(
     order: Annotated[
         TileOrder, typer.Option("--order", help="Order to visit the K/V tiles in.")
     ] = TileOrder.forward,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")] = 0,
+    seed: SeedOpt = 0,
     rescale_threshold: Annotated[
         float, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): move m "
                             "only when a tile's max exceeds it by more than τ (natural log).")
@@ -320,7 +332,7 @@ def attention(
         f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs: "
         "pip install 'osm-cli[plot]').")] = None,
     step: StepOpt = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    as_json: JsonOpt = False,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
 
@@ -414,7 +426,7 @@ def merge(
     ] = LseBase.e,
     row: Annotated[int, typer.Option(
         "--row", min=0, help="Row to show in detail (flat index over O's leading axes).")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    as_json: JsonOpt = False,
 ):
     """Merge split-KV partial results (O_s, LSE_s) into one, as Flash-Decoding does.
 
@@ -447,9 +459,7 @@ def sweep(
     files: Annotated[list[str] | None, typer.Argument(
         help="Scores (text, .csv, .npy/.npz file, or '-' for standard input), or Q K V as three "
         ".npy files or one .npz holding q, k, v.", metavar="SCORES | Q K V")] = None,
-    values: Annotated[
-        str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
-    ] = None,
+    values: ValuesOpt = None,
     blocks: Annotated[str, typer.Option(
         "--blocks", callback=_block_list, help="Block sizes (keys per block; block_k for Q/K/V), "
         "comma separated.")
@@ -475,9 +485,8 @@ def sweep(
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
-    csv: Annotated[Path | None, typer.Option(
-        "--csv", metavar="FILE", help="Also write the sweep table to FILE as CSV.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    csv: SweepCsvOpt = None,
+    as_json: JsonOpt = False,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
 
@@ -533,7 +542,7 @@ def cost(
         "--dtype-bytes", min=1, help="Bytes per element (2: fp16/bf16).")] = 2,
     sram: Annotated[str, typer.Option(
         "--sram", callback=_size, help="SRAM size M: 192KiB (A100), 228KiB (H100).")] = "192KiB",
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    as_json: JsonOpt = False,
 ):
     """FA1's I/O cost model: HBM bytes of standard vs tiled attention for one shape (a model).
 
@@ -566,7 +575,7 @@ def check(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")] = False,
+    as_json: JsonOpt = False,
 ):
     """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
 
