@@ -192,8 +192,12 @@ def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
 
 
 def agreement(label: str, diff: float) -> Text:
-    style = "green" if diff == 0 or diff < 1e-12 else "yellow"
-    return Text.assemble(f"{label}: max |difference| = ", Text(f"{diff:.3g}", style=style))
+    """'label: max |difference| = d': d green when (nearly) 0, yellow when not; inf and nan as
+    num shows them."""
+    shown = num(diff, 3)
+    if math.isfinite(diff):
+        shown.style = "green" if diff == 0 or diff < 1e-12 else "yellow"
+    return Text.assemble(f"{label}: max |difference| = ", shown)
 
 
 def trace_heads(rep, name: str) -> list:
@@ -723,9 +727,10 @@ def check_report(rep, name: str, top: int) -> Group:
     for c in ("batch", "head", "query", "max |out − ref|", "ulps", "|LSE − ref|"):
         rows.add_column(c, justify="right")
     for r in rep.rows:
-        over = r.err > v.rule.bound or math.isnan(r.err)
-        rows.add_row(str(r.batch), str(r.head), str(r.query),
-                     Text(f"{r.err:.3g}", style="bold red" if over else ""), num(r.ulps, 3),
+        err = num(r.err, 3)
+        if r.err > v.rule.bound:  # nan is bold red already
+            err.style = "bold red"
+        rows.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3),
                      num(r.lse_err, 3))
     heads = Table(title="worst heads", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for c in ("batch", "head", "max |out − ref|", "rows over the bound"):

@@ -298,6 +298,17 @@ def test_num_formats():
     assert "red" in str(nan.style) and "red" in str(inf.style)  # they stand out
 
 
+@pytest.mark.parametrize("diff, shown, style", [
+    (0.0, "0", "green"), (1e-13, "1e-13", "green"), (1.5e-3, "0.0015", "yellow"),
+    (math.nan, "nan", "bold red"), (math.inf, "inf", "bold red"),
+])
+def test_agreement_styles_like_num(diff, shown, style):
+    """A difference is green near 0, yellow otherwise; nan and inf stand out as num shows them."""
+    t = render.agreement("a vs b", diff)
+    assert t.plain == f"a vs b: max |difference| = {shown}"
+    assert [str(span.style) for span in t.spans] == [style]
+
+
 def test_arrow_and_values():
     assert render.arrow(4.0, 4.0).plain == "4"
     assert render.arrow(-math.inf, 4.0).plain == "-inf → 4"
