@@ -450,7 +450,7 @@ def merge(
     if as_json:
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
-    out.print(render.merge_table(names, rep.stats, rep.merged, row, rep.row_lses))
+    out.print(render.merge_table(names, rep))
 
 
 @app.command()

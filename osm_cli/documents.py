@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import numpy as np
-
 
 def _state(st, alpha) -> dict:
     """A step's running state: m and l before and after, and α (the key "scale")."""
@@ -180,24 +178,23 @@ def sweep_doc(res, name: str, accum: str) -> dict:
 
 def merge_doc(files, rep) -> dict:
     """osm merge --json (merge.MergeReport); files are the pairs O_0 LSE_0 O_1 LSE_1 … given."""
-    merged, row = rep.merged, rep.row
-    weights = merged.weights.reshape(len(rep.stats), -1)
+    merged = rep.merged
     return {
         "lse_base": merged.lse_base,
         "shape": list(merged.out.shape),
         "rows": int(merged.lse.size),
-        "empty_rows": int(np.isneginf(merged.lse).sum()),
+        "empty_rows": rep.empty_rows,
         "splits": [
             {"o": str(o), "lse": str(lse), "rows": st.rows, "empty_rows": st.empty,
              "pos_inf": st.pos_inf, "lse_min": st.lse_min, "lse_max": st.lse_max,
              "weight_min": st.weight_min, "weight_max": st.weight_max,
-             "weight_mean": st.weight_mean, "row_lse": rl, "row_weight": weights[st.split, row]}
-            for st, o, lse, rl in zip(rep.stats, files[0::2], files[1::2], rep.row_lses,
-                                      strict=True)
+             "weight_mean": st.weight_mean, "row_lse": rl, "row_weight": rw}
+            for st, o, lse, rl, rw in zip(rep.stats, files[0::2], files[1::2], rep.row_lses,
+                                          rep.row_weights, strict=True)
         ],
-        "row": row,
-        "row_lse": merged.lse.reshape(-1)[row],
-        "row_out": merged.out.reshape(merged.lse.size, -1)[row],
+        "row": rep.row,
+        "row_lse": rep.row_lse,
+        "row_out": rep.row_out,
     }
 
 

@@ -282,6 +282,10 @@ class MergeReport:
     stats: tuple[SplitStat, ...]
     row: int  # a flat index over O's leading axes
     row_lses: tuple[float, ...]  # each split's LSE at `row`, as given
+    row_weights: tuple[float, ...]  # each split's merge weight at `row`
+    row_lse: float  # the merged LSE at `row`
+    row_out: np.ndarray  # the merged O at `row`
+    empty_rows: int  # rows no split saw (O = 0, LSE = -inf)
 
 
 def merge_report(outs, lses, lse_base: str = "e", row: int = 0) -> MergeReport:
@@ -291,8 +295,13 @@ def merge_report(outs, lses, lse_base: str = "e", row: int = 0) -> MergeReport:
     if row >= merged.lse.size:
         raise InputError(f"--row {row} is out of range; the partials have {merged.lse.size} "
                          "row(s)")
-    return MergeReport(merged, stats, row,
-                       tuple(float(np.asarray(x).reshape(-1)[row]) for x in lses))
+    flat_lse = merged.lse.reshape(-1)
+    return MergeReport(
+        merged, stats, row, tuple(float(np.asarray(x).reshape(-1)[row]) for x in lses),
+        tuple(float(w) for w in merged.weights.reshape(len(stats), -1)[:, row]),
+        float(flat_lse[row]), merged.out.reshape(flat_lse.size, -1)[row],
+        int(np.isneginf(flat_lse).sum()),
+    )
 
 
 __all__ = [

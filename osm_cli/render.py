@@ -516,9 +516,10 @@ def order_table(check, seed: int | None = None) -> Group:
     )
 
 
-def merge_table(names: Sequence[tuple[str, str]], stats, merged, row: int, row_lses) -> Group:
-    """osm merge: one row per split (empty rows, LSE and weight ranges, the traced row), then
-    the merged result. row is a flat row index; row_lses are the splits' LSEs there, as given."""
+def merge_table(names: Sequence[tuple[str, str]], rep) -> Group:
+    """osm merge (merge.MergeReport): one row per split (empty rows, LSE and weight ranges, the
+    chosen row), then the merged result; names are the (O, LSE) file pairs."""
+    stats, merged, row = rep.stats, rep.merged, rep.row
     base = "log2" if merged.lse_base == "2" else "natural log"
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
               title=f"splits (LSE in {base}; weight = exp(LSE_s − L), L = logsumexp LSE_s)")
@@ -526,8 +527,8 @@ def merge_table(names: Sequence[tuple[str, str]], stats, merged, row: int, row_l
                  f"row {row}: LSE_s", "weight"):
         t.add_column(name, justify="left" if name.startswith("files") else "right",
                      no_wrap=not name.startswith("files"))
-    weights = merged.weights.reshape(len(stats), -1)
-    for st, (o_name, l_name), row_lse in zip(stats, names, row_lses, strict=True):
+    for st, (o_name, l_name), row_lse, row_w in zip(stats, names, rep.row_lses, rep.row_weights,
+                                                    strict=True):
         if st.empty < st.rows:
             lse_range = Text.assemble(num(st.lse_min, 5), " … ", num(st.lse_max, 5))
             w_range = Text.assemble(num(st.weight_min, 4), " … ", num(st.weight_max, 4))
@@ -535,17 +536,14 @@ def merge_table(names: Sequence[tuple[str, str]], stats, merged, row: int, row_l
             lse_range = w_range = Text("all empty", style="dim")
         t.add_row(
             str(st.split), f"{Path(o_name).name}, {Path(l_name).name}", f"{st.empty}/{st.rows}",
-            str(st.pos_inf), lse_range, w_range, num(row_lse, 8), num(weights[st.split, row], 8),
+            str(st.pos_inf), lse_range, w_range, num(row_lse, 8), num(row_w, 8),
         )
-    lse = merged.lse.reshape(-1)
-    out = merged.out.reshape(lse.size, -1)
-    empty = int(np.isneginf(lse).sum())
-    live = lse[np.isfinite(lse)]
+    live = merged.lse[np.isfinite(merged.lse)]
     summary = Text.assemble(
         f"merged: O {tuple(merged.out.shape)}, LSE {tuple(merged.lse.shape)} ({base}); ",
-        f"{empty} of {lse.size} row(s) empty in every split (O = 0, LSE = -inf)",
+        f"{rep.empty_rows} of {merged.lse.size} row(s) empty in every split (O = 0, LSE = -inf)",
         *((";\nLSE range ", num(live.min(), 8), " … ", num(live.max(), 8)) if live.size else ()),
-        f"\nrow {row}: L = ", num(lse[row], 10), ", O[:4] = ", values(out[row], 8, 4),
+        f"\nrow {row}: L = ", num(rep.row_lse, 10), ", O[:4] = ", values(rep.row_out, 8, 4),
     )
     return Group(t, summary)
 
