@@ -119,8 +119,7 @@ def sweep_png(result, title: str, error: str = "max |p − reference|") -> bytes
     ax_h.plot(b, [r.hbm_flash for r in result.rows], "o-", color="tab:blue",
               label="tiled (model)")
     ax_h.axhline(result.hbm_standard, color="tab:gray", ls="--", label="standard (model)")
-    sparse = [(r.block, r.hbm_skipping) for r in result.rows
-              if r.hbm_skipping is not None and r.measure.skipped]
+    sparse = [(r.block, r.hbm_skipping) for r in result.rows if r.sparse]
     if sparse:
         ax_h.plot(*zip(*sparse, strict=True), "s--", color="tab:green",
                   label="tiled, skipped tiles left out (model)")

@@ -580,7 +580,7 @@ def sweep_table(result, source: str, about: str | None = None) -> Group:
     """
     r = result
     qkv = about is not None
-    sparse = qkv and any(x.hbm_skipping is not None and x.measure.skipped for x in r.rows)
+    sparse = qkv and any(x.sparse for x in r.rows)
     first = f"{source}: {about}" if qkv else (
         f"{source}: {r.n_q} row(s) × {r.n_k} keys, measured per block size")
     d_text = f"d = {r.d} (Q's)" if qkv else f"head dim d = {r.d}"

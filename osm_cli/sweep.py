@@ -45,6 +45,11 @@ class SweepRow:
     hbm_flash: int  # modelled HBM bytes of the tiled forward with this block_k
     hbm_skipping: int | None = None  # the same, skipping masked tiles (FA1 Prop. 4)
 
+    @property
+    def sparse(self) -> bool:
+        """Tiles were skipped here, so the block-sparse traffic (hbm_skipping) differs."""
+        return self.hbm_skipping is not None and self.measure.skipped > 0
+
 
 @dataclass(frozen=True)
 class Sweep:
