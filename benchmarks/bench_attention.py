@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from osm_cli.attention import attention
+from osm_cli.attention.forward import attention
 
 REPEATS = 3
 GIB = 1 << 30

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from osm_cli.precision.dtypes import round_inputs
+from osm_cli.precision.kernels import run_flash
+from osm_cli.precision.model import model, run_naive
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from osm_cli import precision as prec  # noqa: E402
 
 att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
 
@@ -39,13 +42,13 @@ def timed(fn, repeat: int) -> float:
 
 
 def model_run(name: str, precision: str, q, k, v, causal: bool):
-    m = prec.model(name, precision)
+    m = model(name, precision)
 
     def run():
-        (qr, kr, vr), _ = prec.round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
+        (qr, kr, vr), _ = round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
         if precision == "naive":
-            return prec.run_naive(m, qr, kr, vr, trace_at=None, causal=causal)
-        return prec.run_flash(m, qr, kr, vr, trace_at=None, causal=causal)
+            return run_naive(m, qr, kr, vr, trace_at=None, causal=causal)
+        return run_flash(m, qr, kr, vr, trace_at=None, causal=causal)
 
     return run
 

@@ -11,7 +11,8 @@ schedule) and osm's plain same-dtype attention (precision.plain). One table row 
   ulps                    max |O_model − O_kernel| in ulps of the dtype at each row's largest |O|
                           (target ≤ 2); differ: the share of elements where the two differ at all
   LSE diff                max |LSE_model − LSE_kernel|
-  plain×                  plain same-dtype attention's err / the kernel's (NUMERICS §5: 3–30×)
+  plain×                  plain same-dtype attention's err / the kernel's (3–30×,
+                          docs/numerics.md#precision-model)
   pt osm/torch            osm's plain err / the err of PyTorch's own plain attention on the GPU
   verdicts                FlashAttention's test rule (osm check) on the kernel's O and LSE
                           (PASS expected) and on two corrupted copies (FAIL expected)
@@ -42,8 +43,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from osm_cli import precision as prec  # noqa: E402
-from osm_cli.attention import reference  # noqa: E402
+from osm_cli.attention.reference import reference  # noqa: E402
+from osm_cli.precision.dtypes import DTYPES, round_to, ulp
+from osm_cli.precision.kernels import fa2_plan, run_flash
+from osm_cli.precision.model import Model, model, plain
+from osm_cli.precision.rule import judge
 
 att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
 
@@ -63,7 +67,7 @@ CASES = [
 QUICK = [CASES[1], CASES[6]]
 
 
-class NoPRound(prec.Model):
+class NoPRound(Model):
     """The flash model with P left unrounded (everything else the same)."""
 
     @property
@@ -101,7 +105,7 @@ def to_np(x) -> np.ndarray:
 
 def row_ulps(a: np.ndarray, b: np.ndarray, scale_of: np.ndarray, dt) -> np.ndarray:
     """|a − b| in ulps of dt at each row's largest |scale_of|."""
-    u = prec.ulp(np.abs(scale_of).max(axis=-1, keepdims=True), dt)
+    u = ulp(np.abs(scale_of).max(axis=-1, keepdims=True), dt)
     return np.abs(a.astype(np.float64) - b) / u
 
 
@@ -110,7 +114,7 @@ def one_case(case, gen, device):
 
     name, b, h, t, s, d, causal, amp = case
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-    dt = prec.DTYPES[name]
+    dt = DTYPES[name]
     q, k, v = ((torch.randn(b, h, n, d, generator=gen, device=device) * amp).to(tdt)
                for n in (t, s, s))
     t0 = time.perf_counter()
@@ -122,14 +126,14 @@ def one_case(case, gen, device):
     kw = dict(causal=causal, causal_align="top-left")
     t0 = time.perf_counter()
     ref, ref_lse = reference(qn, kn, vn, **kw)
-    m = prec.model(name)
-    res = prec.run_flash(m, qn, kn, vn, trace_at=None, schedule="fa2", **kw)
+    m = model(name)
+    res = run_flash(m, qn, kn, vn, trace_at=None, schedule="fa2", **kw)
     cpu_model_s = time.perf_counter() - t0
-    pt, pt_lse = prec.plain(qn, kn, vn, dt, **kw)
+    pt, pt_lse = plain(qn, kn, vn, dt, **kw)
     variants = {
-        "tiles (forward, 128-row tiles, no splits)": prec.run_flash(m, qn, kn, vn, trace_at=None,
+        "tiles (forward, 128-row tiles, no splits)": run_flash(m, qn, kn, vn, trace_at=None,
                                                                     **kw),
-        "fa2 schedule, P not rounded": prec.run_flash(NoPRound(*vars(m).values()), qn, kn, vn,
+        "fa2 schedule, P not rounded": run_flash(NoPRound(*vars(m).values()), qn, kn, vn,
                                                       trace_at=None, schedule="fa2", **kw),
     }
 
@@ -141,22 +145,22 @@ def one_case(case, gen, device):
 
     ek, em, ep, ept = err(o_k), err(res.out), err(pt), err(pt_torch)
     ulps = row_ulps(res.out, o_k, o_k, dt)
-    verdict_k = prec.judge(o_k, ref, pt, dt, lse=lse_k, ref_lse=ref_lse, pt_lse=pt_lse)
+    verdict_k = judge(o_k, ref, pt, dt, lse=lse_k, ref_lse=ref_lse, pt_lse=pt_lse)
     bad_row = o_k.copy()
     bad_row[0, 0, t // 2] *= 1.05  # one row 5 % off (a wrong rescale of one tile, say)
-    verdict_row = prec.judge(bad_row, ref, pt, dt, lse=lse_k, ref_lse=ref_lse, pt_lse=pt_lse)
+    verdict_row = judge(bad_row, ref, pt, dt, lse=lse_k, ref_lse=ref_lse, pt_lse=pt_lse)
     bad_lse = lse_k.copy()
     bad_lse[0, -1, t - 1] += 0.01  # one LSE off by 0.01 (l summed from rounded P, say)
-    verdict_lse = prec.judge(o_k, ref, pt, dt, lse=bad_lse, ref_lse=ref_lse, pt_lse=pt_lse)
-    ref_d = prec.round_to(ref, dt, np.float64)
+    verdict_lse = judge(o_k, ref, pt, dt, lse=bad_lse, ref_lse=ref_lse, pt_lse=pt_lse)
+    ref_d = round_to(ref, dt, np.float64)
     row = {
         "dtype": name, "shape": [b, h, t, s, d], "causal": causal, "input_scale": amp,
         "kernel_err": ek, "model_err": em, "ratio": em / ek,
         "mean_ratio": mean_err(res.out) / mean_err(o_k),
         "max_ulps": float(ulps.max()), "differ": float(np.mean(res.out != o_k)),
         "max_element_ulps": float(
-            (np.abs(res.out.astype(np.float64) - o_k) / prec.ulp(o_k, dt)).max()),
-        "plan": list(prec.fa2_plan(b, h, t, s, d)),
+            (np.abs(res.out.astype(np.float64) - o_k) / ulp(o_k, dt)).max()),
+        "plan": list(fa2_plan(b, h, t, s, d)),
         "lse_diff": float(np.abs(res.lse.astype(np.float64) - lse_k).max()),
         "plain_err": ep, "plain_over_kernel": ep / ek, "torch_plain_err": ept,
         "plain_osm_over_torch": ep / ept,

@@ -6,35 +6,52 @@ The Python API returns the same records the tables show:
     t = online_softmax(np.array([2., 4., 1., 3.]), block=2)
     t.steps[1].l  # 1.5530018...
 
+The package is layered; each layer imports only those below it (pyproject.toml's import-linter
+contract, checked in CI):
+
+    cli/        typer: options, commands, "Error: …" lines and exit codes
+    present/    rich tables, JSON, CSV, plots, step mode: records in, renderables out
+    io/         reading inputs, writing outputs atomically
+    reports/    what each command reports, computed once
+    studies/    lazy rescale, block order, sweep, cost model, tile maps, overflow demo
+    precision/  dtypes and rounding, the kernel model, FlashAttention's test rule, check
+    attention/  shapes, masks, scores, the tiled forward, the one-shot reference, split-KV
+    core/       the state (m, l, O), the two update steps, the fold, references, merge
+
 Names are imported on first use (PEP 562 __getattr__), so `osm` does not pay at every start for
-modules a command may not need (precision.py and ml_dtypes). `attention` and `sweep` are the
-exception: each is also the name of a submodule, and importing that submodule (as the CLI does)
-would bind the module to the package's name in place of the function, unless the function is
-bound here after it.
+modules a command may not need (precision/ and ml_dtypes). `attention` is the exception: it is
+also the name of a subpackage, and importing that subpackage would bind the module to the
+package's name in place of the function, unless the function is bound here after it.
 """
 
 from importlib import import_module
 
 from .attention import attention
-from .sweep import sweep
 
 # module -> the names it exports here
 _API = {
-    "attention": ("Attention", "TileStep", "split_kv"),
-    "costmodel": ("fa1_blocks", "hbm_bytes_flash", "hbm_bytes_standard", "parse_size",
-                  "tile_bytes"),
+    "attention.forward": ("Attention", "ScoreOptions", "Tiling", "Hooks"),
+    "attention.split": ("split_kv",),
+    "core.record": ("Step",),
+    "core.state": ("State", "combine", "initial_state", "merge_step", "rescale_step"),
+    "core.fold": ("Trace", "online_softmax"),
+    "core.reference": ("logsumexp", "naive_softmax", "stable_softmax"),
+    "core.merge": ("fold_merge", "merge_detail", "merge_partials", "tree_merge"),
     "errors": ("InputError", "OsmError", "ShapeError"),
-    "lazy": ("LazyReport", "lazy_report"),
-    "merge": ("block_order", "fold_merge", "merge_detail", "merge_partials", "order_check",
-              "tree_merge"),
-    "online": ("State", "Step", "Trace", "combine", "initial_state", "merge_step",
-               "online_softmax", "rescale_step"),
-    "precision": ("check", "fa_rule", "judge", "limits", "model", "overflow_demo", "round_to",
-                  "ulp"),
-    "reference": ("logsumexp", "naive_softmax", "stable_softmax"),
+    "precision.check": ("check",),
+    "precision.dtypes": ("limits", "round_to", "ulp"),
+    "precision.model": ("model",),
+    "precision.rule": ("fa_rule", "judge"),
+    "studies.costmodel": ("fa1_blocks", "hbm_bytes_flash", "hbm_bytes_standard", "parse_size",
+                          "tile_bytes"),
+    "studies.lazy": ("LazyReport", "lazy_report"),
+    "studies.order": ("block_order", "order_check"),
+    "studies.overflow": ("overflow_demo",),
+    "studies.sweep": ("sweep",),
 }
 _WHERE = {name: (module, name) for module, names in _API.items() for name in names}
-_WHERE["attention_reference"] = ("attention", "reference")  # named apart from reference.py
+_WHERE["attention_reference"] = ("attention.reference", "reference")  # apart from core's
+_WHERE["TileStep"] = ("core.record", "Step")  # one record for blocks and tiles since 0.2
 
 
 def __getattr__(name: str):
@@ -51,14 +68,5 @@ def __dir__():
     return sorted({*globals(), *__all__})
 
 
-__all__ = [
-    "Attention", "TileStep", "attention", "attention_reference", "split_kv",
-    "check", "fa_rule", "judge", "limits", "model", "overflow_demo", "round_to", "ulp",
-    "InputError", "OsmError", "ShapeError", "State", "Step", "Trace", "combine",
-    "initial_state", "logsumexp", "merge_step", "naive_softmax", "online_softmax",
-    "rescale_step", "stable_softmax",
-    "LazyReport", "block_order", "fa1_blocks", "fold_merge", "hbm_bytes_flash",
-    "hbm_bytes_standard", "lazy_report", "merge_detail", "merge_partials", "order_check",
-    "parse_size", "sweep", "tile_bytes", "tree_merge",
-]
-__version__ = "0.1.0"
+__all__ = ["attention", *_WHERE]
+__version__ = "0.2.0"

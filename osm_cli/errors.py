@@ -1,6 +1,6 @@
 """The few exceptions osm raises for input a user can fix.
 
-cli.py turns each into one line, "Error: <message>", on stderr and exit code 1.
+cli/ turns each into one line, "Error: <message>", on stderr and exit code 1.
 """
 
 

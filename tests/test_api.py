@@ -20,17 +20,19 @@ def test_every_name_in_all_is_the_object_its_module_defines():
     assert len(osm_cli.__all__) == len(set(osm_cli.__all__))
     for name in osm_cli.__all__:
         value = getattr(osm_cli, name)
-        defined = "reference" if name == "attention_reference" else name
+        defined = {"attention_reference": "reference", "TileStep": "Step"}.get(name, name)
         assert value is getattr(sys.modules[value.__module__], defined), name
-    assert osm_cli.attention_reference.__module__ == "osm_cli.attention"
+    assert osm_cli.attention_reference.__module__ == "osm_cli.attention.reference"
+    assert osm_cli.TileStep is osm_cli.Step  # one step record for blocks and tiles (0.2.0)
 
 
 def test_from_imports_and_star_import():
-    """attention and sweep are the functions, though each is also a submodule's name."""
-    assert type(attention) is types.FunctionType and attention.__module__ == "osm_cli.attention"
-    assert type(sweep) is types.FunctionType and sweep.__module__ == "osm_cli.sweep"
-    assert check is sys.modules["osm_cli.precision"].check
-    assert online_softmax is sys.modules["osm_cli.online"].online_softmax
+    """attention is the function, though it is also a subpackage's name."""
+    assert (type(attention) is types.FunctionType
+            and attention.__module__ == "osm_cli.attention.forward")
+    assert type(sweep) is types.FunctionType and sweep.__module__ == "osm_cli.studies.sweep"
+    assert check is sys.modules["osm_cli.precision.check"].check
+    assert online_softmax is sys.modules["osm_cli.core.fold"].online_softmax
     space: dict = {}
     exec("from osm_cli import *", space)
     assert set(osm_cli.__all__) <= set(space)
@@ -45,16 +47,16 @@ def test_unknown_names_fail_as_usual():
 
 
 def test_names_load_on_first_use():
-    """`osm` (osm_cli.cli) starts without precision.py and ml_dtypes; asking for a name loads
-    its module, and attention and sweep stay the functions after the CLI imported their
+    """`osm` (osm_cli.cli) starts without precision/'s dtypes and ml_dtypes; asking for a name
+    loads its module, and attention and sweep stay the functions after the CLI imported their
     modules."""
     code = (
         "import sys, types, osm_cli.cli\n"
-        "print('ml_dtypes' in sys.modules, 'osm_cli.precision' in sys.modules)\n"
+        "print('ml_dtypes' in sys.modules, 'osm_cli.precision.dtypes' in sys.modules)\n"
         "from osm_cli import attention, sweep, check\n"
         "print(type(attention) is types.FunctionType, type(sweep) is types.FunctionType, "
         "'ml_dtypes' in sys.modules, check.__module__)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           check=True, timeout=60)
-    assert proc.stdout.splitlines() == ["False False", "True True True osm_cli.precision"]
+    assert proc.stdout.splitlines() == ["False False", "True True True osm_cli.precision.check"]

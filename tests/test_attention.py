@@ -1,9 +1,9 @@
 """The tiled attention forward: against the float64 one-shot, a hand-built oracle and PyTorch.
 
-Exactness claims are made in float64 (DESIGN habit 3): the tiled forward and the one-shot
-reference differ only in the order of additions, so they agree to ~1e-15 and we ask for 1e-12.
-The causal patterns are written out as literal 0/1 matrices (NUMERICS §3) and checked by an
-oracle that knows nothing of osm's Band. The trace is worked by hand for one small row.
+Exactness claims are made in float64: the tiled forward and the one-shot reference differ only in
+the order of additions, so they agree to ~1e-15 and we ask for 1e-12. The causal patterns are
+written out as literal 0/1 matrices (docs/numerics.md#causal-alignment) and checked by an oracle
+that knows nothing of osm's Band. The trace is worked by hand for one small row.
 """
 
 from __future__ import annotations
@@ -15,17 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from osm_cli.attention import (
-    Attention,
-    TileStep,
-    attention,
-    errors,
-    make_band,
-    reference,
-)
-from osm_cli.documents import attention_summary as summary
+from osm_cli.attention.forward import Attention, attention
+from osm_cli.attention.masks import make_band
+from osm_cli.attention.reference import errors, reference
+from osm_cli.core.record import Step
 from osm_cli.errors import InputError, OsmError, ShapeError
-from osm_cli.io import dumps
+from osm_cli.present.json import attention_summary as summary
+from osm_cli.present.json import dumps
 
 E = math.exp
 ATOL = 1e-12
@@ -104,8 +100,8 @@ def test_matches_reference(t, s, d, dv, bq, bk, causal, form):
     assert res.out.dtype == np.float64
     assert (res.block_q, res.block_k) == (bq, bk)
     assert res.scale == 1 / math.sqrt(d)
-    assert res.extra["tiles_total"] == -(-t // bq) * -(-s // bk)
-    assert res.tiles_computed + res.tiles_skipped == res.extra["tiles_total"]
+    assert res.tiles_total == -(-t // bq) * -(-s // bk)
+    assert res.tiles_computed + res.tiles_skipped == res.tiles_total
     close(res.out, ref_out)
     close(res.lse, ref_lse)
     errs = errors(res, ref_out, ref_lse)
@@ -128,7 +124,7 @@ def test_matches_reference_batched_gqa_both_alignments(t, s, d, bq, bk, align):
 
 
 def test_default_tiles_follow_fa2():
-    """block_q 128; block_k 128 for d ≤ 64 and 64 above (NUMERICS §5)."""
+    """block_q 128; block_k 128 for d ≤ 64 and 64 above (docs/numerics.md#fa2-schedule)."""
     for d, want in ((1, (128, 128)), (64, (128, 128)), (65, (128, 64)), (111, (128, 64))):
         q, k, v = qkv(3, 4, d)
         res = attention(q, k, v)
@@ -403,7 +399,7 @@ def test_causal_tile_counts(t, s, align, counts):
     q, k, v = qkv(t, s, 8, seed=53)
     res = attention(q, k, v, causal=True, causal_align=align, block_q=64, block_k=64)
     assert (res.tiles_computed, res.tiles_skipped) == counts
-    assert res.extra["tiles_total"] == sum(counts)
+    assert res.tiles_total == sum(counts)
     close(res.out, reference(q, k, v, causal=True, causal_align=align)[0])
 
 
@@ -546,11 +542,11 @@ def test_trace_by_hand(form):
     res = attention(HAND_Q, HAND_K, HAND_V, scale=1.0, block_k=2, form=form)
     assert isinstance(res, Attention) and res.traced == (0, 0, 0)
     first, second = res.trace
-    assert isinstance(first, TileStep)
-    assert (first.tile, first.start, first.stop, first.skipped) == (0, 0, 2, False)
-    assert (second.tile, second.start, second.stop, second.skipped) == (1, 2, 4, False)
+    assert isinstance(first, Step)
+    assert (first.block, first.start, first.stop, first.masked) == (0, 0, 2, False)
+    assert (second.block, second.start, second.stop, second.masked) == (1, 2, 4, False)
 
-    assert first.tile_max == 2.0 and second.tile_max == 3.0
+    assert first.block_max == 2.0 and second.block_max == 3.0
     assert first.m_prev == -math.inf and first.m == 2.0
     assert first.alpha == 0.0
     assert first.l_prev == 0.0
@@ -595,16 +591,16 @@ def test_causal_trace_marks_skipped_tiles():
     skipped and leave m and l as they were (α shown as 1). Query 7 skips none."""
     q, k, v = qkv(8, 8, 4, seed=89)
     res = attention(q, k, v, causal=True, block_q=2, block_k=2, trace_at=(0, 0, 1))
-    assert [s.skipped for s in res.trace] == [False, True, True, True]
-    assert [s.tile for s in res.trace] == [0, 1, 2, 3]
+    assert [s.masked for s in res.trace] == [False, True, True, True]
+    assert [s.block for s in res.trace] == [0, 1, 2, 3]
     first = res.trace[0]
     assert first.m == pytest.approx(max(q[1] @ k[0], q[1] @ k[1]) / 2, rel=1e-15)
     for s in res.trace[1:]:
-        assert s.tile_max == -math.inf and s.alpha == 1.0
+        assert s.block_max == -math.inf and s.alpha == 1.0
         assert (s.m_prev, s.m, s.l_prev, s.l) == (first.m, first.m, first.l, first.l)
     assert (res.tiles_computed, res.tiles_skipped) == (10, 6)
     last = attention(q, k, v, causal=True, block_q=2, block_k=2, trace_at=(0, 0, 7))
-    assert [s.skipped for s in last.trace] == [False] * 4
+    assert [s.masked for s in last.trace] == [False] * 4
 
 
 def test_trace_row_selects_batch_head_query():

@@ -1,6 +1,6 @@
 """`osm attention` options of issue 5: --csv (the traced row's tile table), --plot (the traced
 head's probability matrix with its tiles), --step (one K/V tile per key press, under tmux), and
-the tile maps behind the picture (tilemap.py), checked by hand and against attention itself.
+the tile maps behind the picture (studies/tilemap.py), checked by hand and against attention itself.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli.attention import attention
+from osm_cli.attention.forward import attention
 from osm_cli.cli import PLOT_LIMIT, app
-from osm_cli.export import tiles_csv
-from osm_cli.plot import INSTALL
-from osm_cli.tilemap import head_probabilities, skip_map
+from osm_cli.present.csv import tiles_csv
+from osm_cli.present.plot import INSTALL
+from osm_cli.studies.tilemap import head_probabilities, skip_map
 
 ROOT = Path(__file__).resolve().parent.parent
 E = math.exp
@@ -94,7 +94,7 @@ def test_csv_skipped_tile(runner, tmp_path, ramp):
 
 
 def test_csv_matches_records():
-    """Every line is one TileStep at full precision (repr), in the order visited."""
+    """Every line is one Step at full precision (repr), in the order visited."""
     z = np.load(ROOT / "samples/causal.npz")
     res = attention(z["q"], z["k"], z["v"], causal=True, block_q=4, block_k=2, trace_at=(0, 1, 2),
                     order=np.array([3, 1, 0, 2]))
@@ -102,7 +102,7 @@ def test_csv_matches_records():
     assert [int(x["tile"]) for x in rows] == [3, 1, 0, 2]
     for line, s in zip(rows, res.trace, strict=True):
         assert float(line["m"]) == s.m and float(line["l"]) == s.l
-        assert line["skipped"] == ("true" if s.skipped else "false")
+        assert line["skipped"] == ("true" if s.masked else "false")
         assert [float(line[f"o_{j}"]) for j in range(3)] == s.o.tolist()
 
 
@@ -165,10 +165,10 @@ def test_skip_map_agrees_with_attention(b, h, t, s, bq, bk, causal, align, windo
     res = attention(q, k, k, block_q=bq, block_k=bk, **kw)
     m = skip_map(q, k, block_q=bq, block_k=bk, **kw)
     assert m.shape == (-(-t // bq), -(-s // bk))
-    assert int(m.sum()) == res.tiles_skipped and m.size == res.extra["tiles_total"]
+    assert int(m.sum()) == res.tiles_skipped and m.size == res.tiles_total
     for i in range(m.shape[0]):  # the traced row of each Q tile saw exactly these skips
         r = attention(q, k, k, block_q=bq, block_k=bk, trace_at=(0, 0, i * bq), **kw)
-        assert [x.skipped for x in r.trace] == m[i].tolist()
+        assert [x.masked for x in r.trace] == m[i].tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_plot_title_and_limit(runner, tmp_path, monkeypatch):
     """A head longer than PLOT_LIMIT is drawn for its first 512 queries and keys, as the
     title says; the tile map covers the whole head."""
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
-    import osm_cli.plot
+    import osm_cli.present.plot
 
     seen = {}
 
@@ -207,7 +207,7 @@ def test_plot_title_and_limit(runner, tmp_path, monkeypatch):
         seen.update(hm=hm, title=title, traced=traced)
         return b"png"
 
-    monkeypatch.setattr(osm_cli.plot, "attention_png", fake)
+    monkeypatch.setattr(osm_cli.present.plot, "attention_png", fake)
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(600, 8)) for _ in range(3))
     npz = tmp_path / "long.npz"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osm_cli import precision as P
 from osm_cli.cli import app
+from osm_cli.precision.check import check
+from osm_cli.precision.dtypes import DTYPES
 
 
 def _files(tmp_path, tag="fp16", corrupt=None, lse_shift=0.0):
@@ -43,7 +44,7 @@ def _scale_row(o):
 
 def test_check_passes_the_real_kernel():
     z = np.load("samples/kernel_fp16.npz")
-    rep = P.check(z["out"], z["q"], z["k"], z["v"], P.DTYPES["float16"], lse=z["lse"],
+    rep = check(z["out"], z["q"], z["k"], z["v"], DTYPES["float16"], lse=z["lse"],
                   causal=True, top=3)
     v = rep.verdict
     assert v.passed and rep.rows_over == 0 and rep.total_rows == 512
@@ -59,7 +60,7 @@ def test_check_fails_a_corrupted_row_and_names_it():
     z = np.load("samples/kernel_fp16.npz")
     o = z["out"].copy()
     _scale_row(o)
-    rep = P.check(o, z["q"], z["k"], z["v"], P.DTYPES["float16"], causal=True, with_model=False)
+    rep = check(o, z["q"], z["k"], z["v"], DTYPES["float16"], causal=True, with_model=False)
     assert not rep.verdict.passed and rep.rows_over == 1
     worst = rep.rows[0]
     assert (worst.batch, worst.head, worst.query) == (0, 1, 200)
@@ -70,7 +71,7 @@ def test_check_fails_a_corrupted_row_and_names_it():
 def test_check_accepts_flashattention_lse_layout_for_bnhd():
     z = np.load("samples/kernel_fp16.npz")
     q, k, v, o = (z[n].transpose(0, 2, 1, 3) for n in ("q", "k", "v", "out"))  # (B, N, H, d)
-    rep = P.check(o, q, k, v, P.DTYPES["float16"], lse=z["lse"], layout="bnhd", causal=True,
+    rep = check(o, q, k, v, DTYPES["float16"], lse=z["lse"], layout="bnhd", causal=True,
                   with_model=False)  # LSE stays (B, H, N), as FlashAttention returns it
     assert rep.verdict.passed and rep.verdict.lse.err < 1e-6
 

@@ -12,7 +12,8 @@ import warnings
 import numpy as np
 import pytest
 
-from osm_cli.attention import attention, errors, reference
+from osm_cli.attention.forward import attention
+from osm_cli.attention.reference import errors, reference
 from osm_cli.cli import app
 
 SAMPLE_FILES = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
@@ -72,7 +73,7 @@ def test_sample_summary_and_trace(runner):
         assert 0 < errs[key] < 1e-6  # float32 run against the float64 reference
         assert f"{errs[key]:.3g}" in text
     assert "trace of batch 0, head 0, query 0: start m = -inf, l = 0, O = 0" in text
-    assert f"{res.trace[0].tile_max:.7g}" in text
+    assert f"{res.trace[0].block_max:.7g}" in text
 
 
 def test_npz_causal_head_and_query(runner, strict_json):
@@ -100,7 +101,7 @@ def test_causal_sample_skips_tiles(runner, strict_json):
     doc = strict_json(result.stdout)
     assert doc["tiles_skipped"] == res.tiles_skipped > 0
     assert doc["tiles_computed"] == res.tiles_computed
-    assert [s["skipped"] for s in doc["trace"]["steps"]] == [s.skipped for s in res.trace]
+    assert [s["skipped"] for s in doc["trace"]["steps"]] == [s.masked for s in res.trace]
     assert any(s["skipped"] for s in doc["trace"]["steps"])
 
 

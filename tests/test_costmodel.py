@@ -1,5 +1,6 @@
-"""FA1's I/O cost model (NUMERICS §7) worked by hand, the GPT-2 medium case of FA1 Fig. 2,
-the block-size sweep on a small case by hand, and `osm cost` / `osm sweep` on the command line.
+"""FA1's I/O cost model (docs/numerics.md#io-model) worked by hand, the GPT-2 medium case of FA1
+Fig. 2, the block-size sweep on a small case by hand, and `osm cost` / `osm sweep` on the
+command line.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from osm_cli.cli import app
-from osm_cli.costmodel import (
+from osm_cli.errors import InputError
+from osm_cli.studies.costmodel import (
     attention_flops,
     cost,
     fa1_blocks,
@@ -17,8 +19,7 @@ from osm_cli.costmodel import (
     parse_size,
     tile_bytes,
 )
-from osm_cli.errors import InputError
-from osm_cli.sweep import score_runner, sweep
+from osm_cli.studies.sweep import score_runner, sweep
 
 
 @pytest.mark.parametrize(

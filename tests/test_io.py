@@ -10,12 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from osm_cli import io as osm_io
 from osm_cli.errors import InputError, OsmError
 from osm_cli.io import (
     check_scores,
-    dumps,
-    jsonable,
     load_array,
     load_partials,
     load_scores,
@@ -23,6 +20,8 @@ from osm_cli.io import (
     save_npy,
     save_text,
 )
+from osm_cli.io import load as osm_io
+from osm_cli.present.json import dumps, jsonable
 
 
 def _err(fn, *args, **kwargs) -> str:

@@ -1,5 +1,6 @@
-"""Split-KV merge (NUMERICS §4) and merges of online states: by hand, then against the unsplit
-one-shot softmax in float64, then `osm merge` from files (exit codes and messages).
+"""Split-KV merge (docs/numerics.md#split-kv-merge) and merges of online states: by hand, then
+against the unsplit one-shot softmax in float64, then `osm merge` from files (exit codes and
+messages).
 """
 
 from __future__ import annotations
@@ -13,19 +14,12 @@ from hypothesis import strategies as st
 
 from osm_cli import merge_partials
 from osm_cli.cli import app
+from osm_cli.core.merge import fold_merge, merge_detail, partials, tree_merge
+from osm_cli.core.reference import logsumexp, stable_softmax
+from osm_cli.core.state import block_state, finalize
 from osm_cli.errors import InputError, ShapeError
-from osm_cli.merge import (
-    block_order,
-    fold_merge,
-    merge_detail,
-    merge_report,
-    order_check,
-    partials,
-    split_stats,
-    tree_merge,
-)
-from osm_cli.online import block_state, finalize
-from osm_cli.reference import logsumexp, stable_softmax
+from osm_cli.reports.merge import merge_report, split_stats
+from osm_cli.studies.order import block_order, order_check
 
 LN2 = math.log(2)
 

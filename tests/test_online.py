@@ -1,6 +1,7 @@
-"""The online-softmax core: the seed's worked examples by hand, then properties.
+"""The online-softmax core: the worked examples (docs/numerics.md#update-forms) by hand, then
+properties.
 
-Exact claims are made in float64 against the one-shot oracles of reference.py (DESIGN habit 3).
+Exact claims are made in float64 against the one-shot oracles of core/reference.py.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli import online
-from osm_cli.online import (
+from osm_cli.core.fold import online_softmax
+from osm_cli.core.reference import logsumexp, stable_softmax
+from osm_cli.core.state import (
     State,
     block_state,
     combine,
     finalize,
     initial_state,
     merge_step,
-    online_softmax,
     rescale_step,
 )
-from osm_cli.reference import logsumexp, stable_softmax
 
 E = math.exp
 FORMS = ("rescale", "merge")
@@ -31,7 +31,7 @@ NEG_INF = -math.inf
 
 
 # ---------------------------------------------------------------------------------------------
-# Worked example 1 (seed 000 §2.1): blocks [2, 4] then [1, 3]
+# Worked example 1 (docs/numerics.md#update-forms): blocks [2, 4] then [1, 3]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -53,14 +53,14 @@ def test_seed_example_max_stays(form):
 
     assert first.block_max == 4 and second.block_max == 3
     assert first.m_prev == NEG_INF and first.m == 4
-    assert first.scale == 0
+    assert first.alpha == 0
     assert first.l_prev == 0
     assert first.l == pytest.approx(E(-2) + 1, rel=1e-15)
     assert first.l == pytest.approx(1.1353353, abs=5e-8)
     assert not first.rescaled  # m left -inf: there was nothing to scale
 
     assert second.m_prev == 4 and second.m == 4
-    assert second.scale == 1
+    assert second.alpha == 1
     assert not second.rescaled
     assert second.l_prev == first.l
     assert second.l == pytest.approx(E(-2) + E(0) + E(-3) + E(-1), rel=1e-15)
@@ -95,11 +95,11 @@ def test_seed_example_max_stays_merge_statistics():
     assert second.block_l == pytest.approx(E(-2) + 1, rel=1e-15)
     assert second.block_weight == pytest.approx(E(-1), rel=1e-15)
     assert second.block_weight == pytest.approx(0.36787944, abs=5e-9)
-    assert second.l == pytest.approx(first.l * second.scale + second.block_l * E(-1), rel=1e-15)
+    assert second.l == pytest.approx(first.l * second.alpha + second.block_l * E(-1), rel=1e-15)
 
 
 # ---------------------------------------------------------------------------------------------
-# Worked example 2 (seed 000 §3.2, seed 004): blocks [1, 2] then [5, 3]
+# Worked example 2 (docs/numerics.md#update-forms): blocks [1, 2] then [5, 3]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -114,13 +114,13 @@ def test_seed_example_max_moves(form):
     t = online_softmax(np.array([1.0, 2.0, 5.0, 3.0]), block=2, form=form)
     first, second = t.steps
     assert first.block_max == 2 and first.m == 2 and first.m_prev == NEG_INF
-    assert first.scale == 0 and first.l_prev == 0
+    assert first.alpha == 0 and first.l_prev == 0
     assert first.l == pytest.approx(E(-1) + 1, rel=1e-15)
     assert first.l == pytest.approx(1.3678794, abs=5e-8)
 
     assert second.block_max == 5 and second.m_prev == 2 and second.m == 5
-    assert second.scale == pytest.approx(E(-3), rel=1e-15)
-    assert second.scale == pytest.approx(0.0497871, abs=5e-8)
+    assert second.alpha == pytest.approx(E(-3), rel=1e-15)
+    assert second.alpha == pytest.approx(0.0497871, abs=5e-8)
     assert second.rescaled
     assert second.l_prev == first.l
     assert second.l == pytest.approx((E(-1) + 1) * E(-3) + 1 + E(-2), rel=1e-15)
@@ -149,7 +149,7 @@ def test_seed_example_max_moves_merge_statistics():
     assert second.block_l == pytest.approx(1 + E(-2), rel=1e-15)
     assert second.block_l == pytest.approx(1.1353353, abs=5e-8)
     assert second.block_weight == 1
-    assert second.scale == pytest.approx(0.049787068367863944, rel=1e-15)
+    assert second.alpha == pytest.approx(0.049787068367863944, rel=1e-15)
     assert second.l == pytest.approx(1.3678794 * 0.0497871 + 1.1353353, abs=1e-7)
 
 
@@ -163,7 +163,7 @@ def test_uneven_last_block():
     """5 scores in blocks of 2: keys 0:2, 2:4, 4:5; the last block holds one score."""
     t = online_softmax(np.array([1.0, 2.0, 5.0, 3.0, 7.0]), block=2)
     assert [(s.start, s.stop) for s in t.steps] == [(0, 2), (2, 4), (4, 5)]
-    assert t.steps[-1].scale == pytest.approx(E(5 - 7), rel=1e-15)
+    assert t.steps[-1].alpha == pytest.approx(E(5 - 7), rel=1e-15)
     assert t.m == 7
 
 
@@ -222,7 +222,7 @@ def test_initial_state_is_textbook():
 
 
 # ---------------------------------------------------------------------------------------------
-# Fully masked rows (NUMERICS §2)
+# Fully masked rows (docs/numerics.md#masked-rows)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -236,7 +236,7 @@ def test_fully_masked_row(form, block):
     np.testing.assert_array_equal(t.probabilities, np.zeros(4))
     for s in t.steps:
         assert s.m == -np.inf and s.l == 0 and s.l_prev == 0
-        assert s.scale in (0.0, 1.0)
+        assert s.alpha in (0.0, 1.0)
         assert not s.rescaled
         if form == "merge":
             assert s.block_m == -np.inf and s.block_l == 0 and s.block_weight in (0.0, 1.0)
@@ -262,7 +262,7 @@ def test_masked_prefix_then_scores(form):
     s = np.array([-np.inf, -np.inf, -np.inf, 1.5, 0.25])
     t = online_softmax(s, block=2, form=form)
     assert [step.m for step in t.steps] == [-np.inf, 1.5, 1.5]
-    assert t.steps[1].scale == 0 and t.steps[1].l_prev == 0
+    assert t.steps[1].alpha == 0 and t.steps[1].l_prev == 0
     assert t.steps[1].l == 1.0  # e^(1.5 - 1.5) alone
     np.testing.assert_allclose(t.probabilities, stable_softmax(s), rtol=1e-15)
     np.testing.assert_array_equal(t.probabilities[:3], 0)
@@ -318,9 +318,9 @@ def test_both_forms_match_one_shot(s, data):
         _check_against_reference(s, t)
         assert len(t.steps) == -(-len(s) // block)
         for step in t.steps:
-            fields = [step.block_max, step.m_prev, step.m, step.scale, step.l_prev, step.l]
+            fields = [step.block_max, step.m_prev, step.m, step.alpha, step.l_prev, step.l]
             assert not any(math.isnan(x) for x in fields)
-            assert 0 <= step.scale <= 1
+            assert 0 <= step.alpha <= 1
             # after each block the state is the one-shot state of the prefix seen so far
             prefix = s[: step.stop]
             assert step.m == prefix.max()
@@ -334,7 +334,8 @@ def test_both_forms_match_one_shot(s, data):
 @settings(max_examples=100, deadline=None)
 @given(s=vectors, data=st.data())
 def test_any_block_order_gives_the_same_result(s, data):
-    """Folding the blocks in any order (seed 004: the merge is commutative) changes nothing."""
+    """Folding the blocks in any order changes nothing: the merge is commutative
+    (docs/numerics.md#order)."""
     block = data.draw(st.integers(1, len(s) + 2), label="block")
     count = -(-len(s) // block)
     order = np.array(data.draw(st.permutations(range(count)), label="order"))
@@ -375,8 +376,8 @@ def test_matrix_rows_equal_vector_runs(rows, data):
             if i == r:
                 for a, b in zip(t.steps, one.steps, strict=True):
                     np.testing.assert_array_equal(a.values, b.values)
-                    assert (a.block_max, a.m_prev, a.m, a.scale) == (
-                        b.block_max, b.m_prev, b.m, b.scale
+                    assert (a.block_max, a.m_prev, a.m, a.alpha) == (
+                        b.block_max, b.m_prev, b.m, b.alpha
                     )
                     assert a.l == pytest.approx(b.l, rel=1e-15, abs=0)
 
@@ -428,12 +429,17 @@ def test_lazy_rescale_threshold_keeps_the_result():
 
 
 def test_module_is_pure():
-    """The core imports neither rich nor typer (DESIGN habit 1)."""
+    """The core imports neither rich nor typer (lint-imports enforces it for every layer)."""
     import inspect
 
-    source = inspect.getsource(online)
-    assert "import rich" not in source and "from rich" not in source
-    assert "typer" not in source
+    import osm_cli.core.fold as fold
+    import osm_cli.core.record as record
+    import osm_cli.core.state as state
+
+    for module in (state, record, fold):
+        source = inspect.getsource(module)
+        assert "import rich" not in source and "from rich" not in source
+        assert "typer" not in source
 
 
 @pytest.mark.parametrize("form", FORMS)

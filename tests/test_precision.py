@@ -1,4 +1,4 @@
-"""Dtypes, their exp limits (NUMERICS §6), and the overflow demo's numbers."""
+"""Dtypes, their exp limits (docs/numerics.md#dtype-limits), and the overflow demo's numbers."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from osm_cli.errors import OsmError
-from osm_cli.precision import DTYPES, limits, overflow_demo, resolve_dtype
+from osm_cli.precision.dtypes import DTYPES, limits, resolve_dtype
+from osm_cli.studies.overflow import overflow_demo
 
-# NUMERICS §6: largest finite (3 digits, as text: 1.80e308 itself is beyond float64), exp
-# overflows above, exp underflows to 0 below
+# docs/numerics.md#dtype-limits: largest finite (3 digits, as text: 1.80e308 itself is beyond
+# float64), exp overflows above, exp underflows to 0 below
 TABLE = {
     "float64": ("1.80e+308", 709.78, -745.13),
     "float32": ("3.40e+38", 88.72, -103.97),

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from osm_cli.reference import logsumexp, max_abs_diff, naive_softmax, stable_softmax
+from osm_cli.core.reference import logsumexp, max_abs_diff, naive_softmax, stable_softmax
 
 X = [100.0, 102.0, 99.0]
 # softmax([100, 102, 99]) = softmax([1, 3, 0]) = e^(x - 102) / (e^-2 + 1 + e^-3)

@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 from rich.cells import cell_len
 
-from osm_cli import online_softmax, render
-from osm_cli.precision import overflow_demo
-from osm_cli.reference import naive_softmax, stable_softmax
+from osm_cli import online_softmax
+from osm_cli.core.reference import naive_softmax, stable_softmax
+from osm_cli.present.format import agreement, arrow, num, values
+from osm_cli.present.tables import overflow_tables
+from osm_cli.present.trace import element_table, final_line, rows_table, step_table, trace_header
+from osm_cli.studies.overflow import overflow_demo
 
 
 @pytest.fixture
@@ -87,7 +90,7 @@ def test_step_table_golden(text, scores, form, expected):
     Seed 2: l = e^-1 + 1 = 1.3678794, then α = e^-3 = 0.049787068, l = 1.2034380 (%g drops the 0).
     """
     trace = online_softmax(np.array(scores, dtype=np.float64), 2, form)
-    assert text(render.step_table(trace)) == expected
+    assert text(step_table(trace)) == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,7 +119,7 @@ def test_element_table_golden(text):
     online = stable.copy()
     online[0] = np.nextafter(stable[0], 0)
     online[2] = np.nextafter(np.nextafter(stable[2], 1), 1)
-    assert text(render.element_table(s, online, stable, naive_softmax(s))) == ELEMENTS
+    assert text(element_table(s, online, stable, naive_softmax(s))) == ELEMENTS
 
 
 ROWS = golden("""
@@ -136,20 +139,20 @@ def test_rows_table_golden(text):
     m = np.array([[2, 4, 1, 3], [1, 2, 5, 3], [-np.inf] * 4, [0.5, -1, -np.inf, 2]])
     t = online_softmax(m, 2)
     diffs = np.array([2.0**-53, 0.0, 0.0, 3.5e-17])
-    assert text(render.rows_table(t.m, t.l, t.lse, diffs)) == ROWS
+    assert text(rows_table(t.m, t.l, t.lse, diffs)) == ROWS
 
 
 def test_header_and_final_line(text):
-    assert text(render.trace_header("x.txt", 4, 4, 1, 2)) == (
+    assert text(trace_header("x.txt", 4, 4, 1, 2)) == (
         "x.txt: row 1 of 4, 4 scores in 2 blocks of 2\nstart: m = -inf, l = 0\n"
     )
-    assert text(render.trace_header("y", 1, 5, 0, 5)) == (
+    assert text(trace_header("y", 1, 5, 0, 5)) == (
         "y: 5 scores in 1 block of 5\nstart: m = -inf, l = 0\n"
     )
-    assert text(render.final_line(4.0, 1.5530017927759192, 4.440189698561196)) == (
+    assert text(final_line(4.0, 1.5530017927759192, 4.440189698561196)) == (
         "final: m = 4, l = 1.553001793, LSE = m + ln l = 4.440189699 (natural log)\n"
     )
-    assert text(render.final_line(-math.inf, 0.0, -math.inf)) == (
+    assert text(final_line(-math.inf, 0.0, -math.inf)) == (
         "final: m = -inf, l = 0, LSE = m + ln l = -inf (natural log)\n"
     )
 
@@ -203,8 +206,8 @@ a fully masked row, x = [-inf, -inf, -inf] (float32)
  online (osm)            [0, 0, 0]         m stays -inf, l = 0: subtract 0 instead of -inf, output
                                            0
 
-osm gives 0, not NaN, for a row with every score masked, as FlashAttention kernels do (seed 000 §1.1
-warns of this case). Its LSE is -inf by default.
+osm gives 0, not NaN, for a row with every score masked, as FlashAttention kernels do: such a row is
+padding or a causal edge, not an error. Its LSE is -inf by default.
 """)
 
 
@@ -213,7 +216,7 @@ def test_overflow_tables_golden(text):
     probabilities to 11 bits (0.114197, 0.843262, 0.0419922), bfloat16 to 8. exp(100) = 2.688e43
     exceeds float32's 3.403e38: naive is nan in every dtype but float64. The limits are
     ln(max finite) and ln(smallest subnormal / 2), e.g. ln 65504 = 11.0899 for float16."""
-    assert text(render.overflow_tables(overflow_demo())) == OVERFLOW
+    assert text(overflow_tables(overflow_demo())) == OVERFLOW
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,21 +231,21 @@ def _data_lines(rendered: str) -> list[str]:
 @pytest.mark.parametrize("form", ["rescale", "merge"])
 def test_long_step_table_elides_the_middle(text, form):
     trace = online_softmax(np.arange(200.0), 2, form)  # 100 blocks
-    short = text(render.step_table(trace))
+    short = text(step_table(trace))
     rows = _data_lines(short)
     assert len(rows) == 11
     assert [r.split()[0] for r in rows] == ["0", "1", "2", "3", "4", "⋮", "95", "96", "97", "98",
                                             "99"]
     assert rows[5].split() == ["⋮"] * len(rows[5].split()) and len(rows[5].split()) >= 6
 
-    full = text(render.step_table(trace, show_all=True))
+    full = text(step_table(trace, show_all=True))
     assert "⋮" not in full
     assert [r.split()[0] for r in _data_lines(full)] == [str(i) for i in range(100)]
 
 
 def test_short_step_table_is_not_elided(text):
     """12 blocks fit: the ellipsis would hide only two rows, so all are shown."""
-    out = text(render.step_table(online_softmax(np.arange(24.0), 2)))
+    out = text(step_table(online_softmax(np.arange(24.0), 2)))
     assert "⋮" not in out
     assert len(_data_lines(out)) == 12
 
@@ -250,9 +253,9 @@ def test_short_step_table_is_not_elided(text):
 def test_long_element_table_elides_the_middle(text):
     s = np.arange(50.0)
     p = stable_softmax(s)
-    short = text(render.element_table(s, p, p, naive_softmax(s)))
+    short = text(element_table(s, p, p, naive_softmax(s)))
     assert "⋮" in short and len(_data_lines(short)) == 11
-    full = text(render.element_table(s, p, p, naive_softmax(s), show_all=True))
+    full = text(element_table(s, p, p, naive_softmax(s), show_all=True))
     assert "⋮" not in full and len(_data_lines(full)) == 50
 
 
@@ -274,13 +277,13 @@ def _fits(rendered: str) -> None:
 def test_long_step_table_fits_100_columns(render_text, form, show_all):
     """10^5 scores in blocks of 4096 (keys up to 98304:100000): every line fits 100 columns."""
     trace = online_softmax(_long_input(), 4096, form)
-    _fits(render_text(render.step_table(trace, show_all=show_all, width=100)))
+    _fits(render_text(step_table(trace, show_all=show_all, width=100)))
 
 
 def test_long_element_table_fits_100_columns(render_text):
     s = _long_input()
     p = online_softmax(s, 4096).probabilities
-    _fits(render_text(render.element_table(s, p, stable_softmax(s), naive_softmax(s))))
+    _fits(render_text(element_table(s, p, stable_softmax(s), naive_softmax(s))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,12 +291,12 @@ def test_long_element_table_fits_100_columns(render_text):
 
 
 def test_num_formats():
-    assert render.num(1 / 3).plain == "0.33333333"
-    assert render.num(1 / 3, 4).plain == "0.3333"
-    assert render.num(1.5530017927759192, 10).plain == "1.553001793"
-    assert render.num(2.688117141816135e43, 4).plain == "2.688e+43"
-    assert render.num(None).plain == ""
-    nan, inf, ninf = render.num(math.nan), render.num(math.inf), render.num(-math.inf)
+    assert num(1 / 3).plain == "0.33333333"
+    assert num(1 / 3, 4).plain == "0.3333"
+    assert num(1.5530017927759192, 10).plain == "1.553001793"
+    assert num(2.688117141816135e43, 4).plain == "2.688e+43"
+    assert num(None).plain == ""
+    nan, inf, ninf = num(math.nan), num(math.inf), num(-math.inf)
     assert (nan.plain, inf.plain, ninf.plain) == ("nan", "inf", "-inf")
     assert "red" in str(nan.style) and "red" in str(inf.style)  # they stand out
 
@@ -304,15 +307,15 @@ def test_num_formats():
 ])
 def test_agreement_styles_like_num(diff, shown, style):
     """A difference is green near 0, yellow otherwise; nan and inf stand out as num shows them."""
-    t = render.agreement("a vs b", diff)
+    t = agreement("a vs b", diff)
     assert t.plain == f"a vs b: max |difference| = {shown}"
     assert [str(span.style) for span in t.spans] == [style]
 
 
 def test_arrow_and_values():
-    assert render.arrow(4.0, 4.0).plain == "4"
-    assert render.arrow(-math.inf, 4.0).plain == "-inf → 4"
-    assert render.arrow(math.nan, math.nan).plain == "nan"
-    assert render.values(np.array([2.0, 4.0])).plain == "[2, 4]"
-    assert render.values(np.array([1.0, 2.0, 3.0, 4.0, 5.0])).plain == "[1, 2, 3, …2]"
-    assert render.values(np.array([-np.inf, 1.5])).plain == "[-inf, 1.5]"
+    assert arrow(4.0, 4.0).plain == "4"
+    assert arrow(-math.inf, 4.0).plain == "-inf → 4"
+    assert arrow(math.nan, math.nan).plain == "nan"
+    assert values(np.array([2.0, 4.0])).plain == "[2, 4]"
+    assert values(np.array([1.0, 2.0, 3.0, 4.0, 5.0])).plain == "[1, 2, 3, …2]"
+    assert values(np.array([-np.inf, 1.5])).plain == "[-inf, 1.5]"

@@ -1,7 +1,8 @@
-"""report.py: one record per command with the run, its oracles and the checks asked for.
+"""reports/: one record per command with the run, its oracles and the checks asked for.
 
-The worked example is the seed's [2, 4 | 1, 3]; the rest checks that each option fills in its
-part of the record (and only that part) with the numbers the core modules give on their own.
+The worked example is [2, 4 | 1, 3] (docs/numerics.md#update-forms); the rest checks that each
+option fills in its part of the record (and only that part) with the numbers the core modules
+give on their own.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import math
 import numpy as np
 import pytest
 
-from osm_cli import precision as P
-from osm_cli.attention import attention, errors, reference
-from osm_cli.lazy import lazy_report
-from osm_cli.report import attention_report, trace_report
+from osm_cli.attention.forward import attention
+from osm_cli.attention.options import ScoreOptions, Tiling
+from osm_cli.attention.reference import errors, reference
+from osm_cli.errors import OsmError
+from osm_cli.precision.model import model, prepare
+from osm_cli.reports.attention import attention_report
+from osm_cli.reports.trace import trace_report
+from osm_cli.studies.lazy import lazy_report
 
 E = math.exp
 SCORES = np.array([2.0, 4.0, 1.0, 3.0])
@@ -39,7 +44,7 @@ def test_trace_report_one_form_has_no_forms_diff():
 
 
 def test_trace_report_lazy_and_order():
-    """τ = 2.5 on [0, 1, 2, 3] in blocks of 1 saves 2 of 3 rescales (lazy.py's example); the
+    """τ = 2.5 on [0, 1, 2, 3] in blocks of 1 saves 2 of 3 rescales (studies/lazy.py's example); the
     reverse order visits block 1 before block 0."""
     s = np.array([0.0, 1.0, 2.0, 3.0])
     rep = trace_report(s, 1, threshold=2.5)
@@ -78,11 +83,13 @@ MASK = dict(causal=True, scale=None, layout="bhnd", causal_align="bottom-right",
 
 def test_attention_report_matches_the_core():
     q, k, v = _qkv()
-    rep = attention_report(q, k, v, MASK, block_q=2, block_k=3, trace_at=(0, 0, 4))
+    rep = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(block_q=2, block_k=3),
+                           trace_at=(0, 0, 4))
     res = attention(q, k, v, block_q=2, block_k=3, trace_at=(0, 0, 4), **MASK)
     ref_out, ref_lse = reference(q, k, v, **MASK)
     assert np.array_equal(rep.result.out, res.out)
-    assert [(t.tile, t.m, t.l) for t in rep.result.trace] == [(t.tile, t.m, t.l) for t in res.trace]
+    steps = [(t.block, t.m, t.l) for t in res.trace]
+    assert [(t.block, t.m, t.l) for t in rep.result.trace] == steps
     assert rep.errors == errors(res, ref_out, ref_lse) and rep.errors["max_abs_err"] < 1e-14
     np.testing.assert_array_equal(rep.ref_row, ref_out[4])
     assert (rep.model, rep.verdict, rep.split, rep.notes) == (None, None, None, ())
@@ -91,22 +98,23 @@ def test_attention_report_matches_the_core():
 
 def test_attention_report_options():
     q, k, v = _qkv()
-    bare = attention_report(q, k, v, MASK, with_reference=False)
+    bare = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(), with_reference=False)
     assert (bare.errors, bare.ref_row, bare.verdict) == (None, None, None)
-    rev = attention_report(q, k, v, MASK, block_k=2, order="reverse")
-    assert [s.tile for s in rev.result.trace] == [3, 2, 1, 0]
-    split = attention_report(q, k, v, MASK, splits=3)
+    rev = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(block_k=2), order="reverse")
+    assert [s.block for s in rev.result.trace] == [3, 2, 1, 0]
+    split = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(), splits=3)
     assert len(split.split.splits) == 3 and split.split.max_abs_diff < 1e-14
 
 
 def test_attention_report_with_a_model():
     q, k, v = _qkv()
-    m, (q16, k16, v16), notes = P.prepare("fp16", None, None, q, k, v)
-    rep = attention_report(q16, k16, v16, MASK, model=m, notes=notes)
+    m, (q16, k16, v16), notes = prepare("fp16", None, None, q, k, v)
+    rep = attention_report(q16, k16, v16, ScoreOptions(**MASK), Tiling(), model=m, notes=notes)
     assert rep.model is m and rep.notes == notes and rep.verdict.passed
     assert rep.stored_out.dtype == np.float16
-    with pytest.raises(P.OsmError, match="--splits needs the tiled run"):
-        attention_report(q16, k16, v16, MASK, model=P.model("fp16", "naive"), splits=2)
+    with pytest.raises(OsmError, match="--splits needs the tiled run"):
+        attention_report(q16, k16, v16, ScoreOptions(**MASK), Tiling(),
+                         model=model("fp16", "naive"), splits=2)
 
 
 def test_attention_report_lazy_rescale_against_the_eager_run():
@@ -117,11 +125,12 @@ def test_attention_report_lazy_rescale_against_the_eager_run():
     q = np.array([[1.0]])
     k = np.array([[0.0], [1.0], [2.0], [3.0]])
     v = np.array([[1.0], [2.0], [3.0], [4.0]])
-    rep = attention_report(q, k, v, {"scale": 1.0}, block_k=1, threshold=2.5)
+    rep = attention_report(q, k, v, ScoreOptions(**{"scale": 1.0}),
+                           Tiling(block_k=1, threshold=2.5))
     b = rep.baseline
     assert (b.rescales, b.rescales_eager, b.threshold, b.order) == (1, 3, 2.5, "forward")
     assert b.max_abs_diff < 1e-15 and b.max_lse_diff < 1e-15
-    skipped = [s.tile for s in rep.result.trace if s.tile_max > s.m_prev == s.m]
+    skipped = [s.block for s in rep.result.trace if s.block_max > s.m_prev == s.m]
     assert skipped == [1, 2]
     p = np.exp([0.0, 1.0, 2.0, 3.0]) / np.exp([0.0, 1.0, 2.0, 3.0]).sum()
     assert rep.result.out[0, 0] == pytest.approx(float(p @ [1, 2, 3, 4]), rel=1e-15)
@@ -130,8 +139,9 @@ def test_attention_report_lazy_rescale_against_the_eager_run():
 def test_attention_report_reverse_order_matches_forward():
     rng = np.random.default_rng(3)
     q, k, v = rng.normal(size=(2, 9, 5)), rng.normal(size=(2, 23, 5)), rng.normal(size=(2, 23, 3))
-    rep = attention_report(q, k, v, {"causal": True}, block_k=4, order="reverse")
+    rep = attention_report(q, k, v, ScoreOptions(**{"causal": True}), Tiling(block_k=4),
+                           order="reverse")
     assert rep.baseline.order == "reverse" and rep.baseline.threshold == 0.0
     assert rep.baseline.max_abs_diff < 1e-14 and rep.baseline.max_lse_diff < 1e-14
-    assert [s.tile for s in rep.result.trace] == [5, 4, 3, 2, 1, 0]
-    assert attention_report(q, k, v, {}, block_k=4).baseline is None
+    assert [s.block for s in rep.result.trace] == [5, 4, 3, 2, 1, 0]
+    assert attention_report(q, k, v, ScoreOptions(), Tiling(block_k=4)).baseline is None

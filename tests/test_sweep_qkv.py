@@ -1,5 +1,5 @@
-"""`osm sweep Q K V`: the attention runner of sweep.py, worked by hand on a tiny causal case,
-the block-sparse traffic model (FA1 Prop. 4), the one-.npz and three-.npy forms, the reference
+"""`osm sweep Q K V`: the attention runner of studies/sweep.py, worked by hand on a tiny causal
+case, the block-sparse traffic model (FA1 Prop. 4), the one-.npz and three-.npy forms, the reference
 computed once, the scores form unchanged, and the command-line errors.
 """
 
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from osm_cli.cli import app
-from osm_cli.costmodel import hbm_bytes_flash
-from osm_cli.plot import INSTALL
-from osm_cli.sweep import attention_runner, sweep
-from osm_cli.tilemap import row_visits, skip_map
+from osm_cli.present.plot import INSTALL
+from osm_cli.studies.costmodel import hbm_bytes_flash
+from osm_cli.studies.sweep import attention_runner, sweep
+from osm_cli.studies.tilemap import row_visits, skip_map
 
 E = math.exp
-att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
+att = importlib.import_module("osm_cli.studies.sweep")  # the names attention_runner calls
 
 
 def ramp_qkv():

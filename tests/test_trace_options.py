@@ -18,12 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli import stepmode
 from osm_cli.cli import app
-from osm_cli.lazy import lazy_report
-from osm_cli.online import online_softmax
-from osm_cli.plot import INSTALL
-from osm_cli.reference import stable_softmax
+from osm_cli.core.fold import online_softmax
+from osm_cli.core.reference import stable_softmax
+from osm_cli.present.plot import INSTALL
+from osm_cli.present.stepmode import buffered, step_through
+from osm_cli.studies.lazy import lazy_report
 
 ROOT = Path(__file__).resolve().parent.parent
 E = math.exp
@@ -116,12 +116,12 @@ def test_lazy_counts_by_hand():
     assert rep.max_abs_diff <= 1e-16
     lazy = online_softmax(s, 1, threshold=2.5)
     assert [x.m for x in lazy.steps] == [0, 0, 0, 3]
-    assert [x.skipped for x in lazy.steps] == [False, True, True, False]
+    assert [x.lazy_skipped for x in lazy.steps] == [False, True, True, False]
     assert [x.rescaled for x in lazy.steps] == [False, False, False, True]
     assert [x.m for x in eager.steps] == [0, 1, 2, 3]
     # l before the last step: e^0 + e^1 + e^2 against the stale m = 0
     assert lazy.steps[2].l == pytest.approx(1 + E(1) + E(2), rel=1e-15)
-    assert lazy.steps[3].scale == pytest.approx(E(-3), rel=1e-15)
+    assert lazy.steps[3].alpha == pytest.approx(E(-3), rel=1e-15)
 
 
 @settings(max_examples=50, deadline=None)
@@ -270,7 +270,7 @@ def test_step_through_keys(keys, shown):
     def getkey():
         return pending.pop(0) if pending else "q"
 
-    assert stepmode.step_through(console, lambda k: k, 4, getkey) == shown
+    assert step_through(console, lambda k: k, 4, getkey) == shown
     assert console.frames == list(range(shown)) and console.clears == shown
 
 
@@ -278,7 +278,7 @@ def test_buffered_keys():
     """Typed-ahead keys arrive in one read and are taken one at a time; an arrow key's escape
     sequence is ignored (it is not Esc); end of input quits."""
     reads = ["x ", "\x1b[A", "\r", ""]
-    get = stepmode.buffered(lambda: reads.pop(0))
+    get = buffered(lambda: reads.pop(0))
     assert [get() for _ in range(5)] == ["x", " ", "", "\r", "q"]
 
 

@@ -1,0 +1,151 @@
+"""Masks and scores: which keys each query sees, and S = scale·Q·Kᵀ with the masks applied.
+
+`score_tile` is the one place scores are made: the tiled forward, the one-shot reference,
+plain attention and the tile maps all call it. The order is the kernels': Q·scale, then
+S = (Q·scale)·Kᵀ, then the causal band / window and the user's mask
+(docs/numerics.md#causal-alignment, #masks). A `Band` decides per tile whether the forward
+computes it fully, partly or skips it (docs/numerics.md#tile-skipping).
+Leaves out: the loop over tiles (forward.py), shapes (shapes.py).
+
+Example: make_band(2, 5, True, "bottom-right", None).visible(0, 2, 0, 5) -> 11110 / 11111
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from osm_cli.errors import InputError
+
+from .options import ALIGNS
+
+
+def scale_q(q: np.ndarray, scale: float, dtype, to: Callable | None = None) -> np.ndarray:
+    """Q·scale in `dtype`; `to`, if given, rounds Q and the product (precision/model.py plain).
+
+    Example: scale_q(np.ones((1, 4)), 0.5, np.float32) -> [[0.5, 0.5, 0.5, 0.5]] (float32)
+    """
+    dtype = np.dtype(dtype)
+    if to is None:
+        return np.asarray(q, dtype=dtype) * dtype.type(scale)
+    return to(to(q) * dtype.type(scale))
+
+
+def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None,
+               mask: np.ndarray | None = None, to: Callable | None = None) -> np.ndarray:
+    """S = (Q·scale)·Kᵀ for one tile of rows (qs from scale_q, kT = Kᵀ), then the masks:
+    visible (True = seen) from the band, mask the user's. `to` rounds S and a float mask."""
+    s = qs @ kT if to is None else to(qs @ kT)
+    return apply_masks(s, visible, mask, to)
+
+
+def apply_masks(sc: np.ndarray, visible=None, mask=None, to=None) -> np.ndarray:
+    """Scores with the causal band / window (visible: True = seen) and the user's mask applied:
+    a boolean mask hides where False, a float mask is added (rounded by `to` when given).
+
+    The one place scores get masked: the reference, the tiled forward and the heatmap use it.
+    """
+    neg = sc.dtype.type(-np.inf)
+    if visible is not None:
+        sc = np.where(visible, sc, neg)
+    if mask is not None:
+        if mask.dtype.kind == "b":
+            sc = np.where(mask, sc, neg)
+        else:
+            sc = sc + mask if to is None else to(sc + to(mask))
+    return sc
+
+
+@dataclass(frozen=True)
+class Band:
+    """Which keys each query sees: lo(i) ≤ j ≤ hi(i), with i + offset on the key axis.
+
+    offset is s - t for bottom-right alignment, 0 for top-left. left/right None = unbounded.
+    Causal is right = 0. Example: t=2, s=5, causal bottom-right keeps 11110 / 11111.
+    """
+
+    offset: int
+    left: int | None = None
+    right: int | None = None
+
+    def bounds(self, i: np.ndarray | int) -> tuple:
+        lo = -math.inf if self.left is None else i + self.offset - self.left
+        hi = math.inf if self.right is None else i + self.offset + self.right
+        return lo, hi
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int) -> str:
+        """'skip', 'full' or 'partial' for the rows i0:i1 and keys j0:j1."""
+        lo_first, hi_first = self.bounds(i0)
+        lo_last, hi_last = self.bounds(i1 - 1)
+        if hi_last < j0 or lo_first > j1 - 1:
+            return "skip"
+        if lo_last <= j0 and hi_first >= j1 - 1:
+            return "full"
+        return "partial"
+
+    def visible(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
+        """Boolean (i1 - i0, j1 - j0) matrix: True where query i may attend key j."""
+        i = np.arange(i0, i1)[:, None]
+        j = np.arange(j0, j1)[None, :]
+        lo, hi = self.bounds(i)
+        return (j >= lo) & (j <= hi)
+
+
+def make_band(t: int, s: int, causal: bool, align: str, window) -> Band | None:
+    """The band of a causal mask and/or a (left, right) window, or None when all keys are seen."""
+    if align not in ALIGNS:
+        raise InputError(f"causal alignment must be one of {', '.join(ALIGNS)}, not {align!r}")
+    if not causal and window is None:
+        return None
+    left, right = (None, None) if window is None else window
+    left = None if left is not None and left < 0 else left
+    right = None if right is not None and right < 0 else right
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return Band(s - t if align == "bottom-right" else 0, left, right)
+
+
+def tile_kind(band: Band | None, um: np.ndarray | None, i0: int, i1: int, j0: int, j1: int) -> str:
+    """'skip', 'full' or 'partial' for the tile of rows i0:i1 and keys j0:j1.
+
+    Skipped when the causal band or window hides it, or the user's mask (um, that tile of it)
+    hides it for every batch and head.
+    """
+    kind = "full" if band is None else band.tile(i0, i1, j0, j1)
+    if kind != "skip" and um is not None and _all_masked(um):
+        kind = "skip"
+    return kind
+
+
+def _all_masked(um: np.ndarray) -> bool:
+    return not um.any() if um.dtype.kind == "b" else bool(np.isneginf(um).all())
+
+
+def mask_about(mask: np.ndarray | None) -> str:
+    """The user's mask in a few words: its kind and shape, or "none"."""
+    if mask is None:
+        return "none"
+    kind = "bool, True = attend" if mask.dtype.kind == "b" else "float, added to the scores"
+    return f"{kind}, shape {tuple(mask.shape)}"
+
+
+def check_mask(mask) -> np.ndarray | None:
+    """A user's mask as an array: booleans or floats without NaN or +inf (None stays None)."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.dtype.kind not in "bf":
+        raise InputError(f"mask has dtype {mask.dtype}; use booleans (True = attend) or floats")
+    if mask.dtype.kind == "f" and (np.isnan(mask) | np.isposinf(mask)).any():
+        raise InputError("mask contains NaN or +inf; a float mask is added to the scores "
+                         "(use -inf to hide a key)")
+    return mask
+
+
+__all__ = [
+    "Band", "apply_masks", "check_mask", "make_band", "mask_about", "scale_q", "score_tile",
+    "tile_kind",
+]

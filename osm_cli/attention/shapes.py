@@ -1,0 +1,141 @@
+"""Shapes: Q, K, V viewed as (B, H, N, d), checked against each other, and the GQA head map.
+
+Inputs may be (N, d), (H, N, d) or (B, H, N, d), or FlashAttention's (B, N, H, d) as layout
+"bnhd" (docs/numerics.md#layouts); everything inside osm works on the (B, H, N, d) view.
+Leaves out: masks and scores (masks.py, scores.py), the run itself (forward.py).
+
+Example: as_bhnd(np.zeros((8, 64)), "bhnd", "Q").shape -> (1, 1, 8, 64)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from osm_cli.errors import InputError, ShapeError
+
+from .options import LAYOUTS
+
+
+def as_bhnd(x: np.ndarray, layout: str, name: str) -> np.ndarray:
+    """View an (N, d), (H, N, d) or (B, H, N, d) array (or B, N, H, d) as (B, H, N, d)."""
+    if layout not in LAYOUTS:
+        raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if x.ndim == 2:
+        return x[None, None]
+    if x.ndim == 3:
+        return x[None] if layout == "bhnd" else x.transpose(1, 0, 2)[None]
+    if x.ndim == 4:
+        return x if layout == "bhnd" else x.transpose(0, 2, 1, 3)
+    raise ShapeError(
+        f"{name} has shape {tuple(x.shape)}; expected (N, d), (H, N, d) or (B, H, N, d)"
+    )
+
+
+def from_bhnd(x: np.ndarray, like_ndim: int, layout: str) -> np.ndarray:
+    """The inverse of as_bhnd for an output whose input had like_ndim axes."""
+    if layout == "bnhd" and like_ndim >= 3:
+        x = x.transpose(0, 2, 1, *range(3, x.ndim))
+    return x.reshape(x.shape[4 - like_ndim:]) if like_ndim < 4 else x
+
+
+def check_inputs(q, k, v) -> None:
+    """Shape and dtype rules of attention, as one clear error each."""
+    for name, x in (("Q", q), ("K", k), ("V", v)):
+        kind = x.dtype.kind
+        if kind in "biuc" or kind == "O" or (kind not in "fV" and "float" not in x.dtype.name):
+            raise InputError(
+                f"{name} has dtype {x.dtype}; attention needs floating-point arrays"
+            )
+    b, hq, _, d = q.shape
+    bk, hk, s, dk = k.shape
+    bv, hv, sv, _ = v.shape
+    if dk != d:
+        raise ShapeError(f"Q and K head dims differ: Q has d = {d}, K has d = {dk}")
+    if d == 0:
+        raise ShapeError("Q and K have head dim d = 0; attention needs d ≥ 1")
+    if sv != s:
+        raise ShapeError(f"K and V sequence lengths differ: K has {s} keys, V has {sv}")
+    if hk != hv:
+        raise ShapeError(f"K and V head counts differ: K has {hk}, V has {hv}")
+    if not (bk == bv == b):
+        raise ShapeError(f"batch sizes differ: Q {b}, K {bk}, V {bv}")
+    if hq % hk:
+        raise ShapeError(
+            f"Q has {hq} heads and K/V {hk}: for GQA/MQA the query heads must be a multiple "
+            "of the kv heads"
+        )
+
+
+def bhnd_inputs(q, k, v, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K and V viewed as (B, H, N, d) (as_bhnd) and checked against each other."""
+    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
+    check_inputs(q4, k4, v4)
+    return q4, k4, v4
+
+
+def kv_head(h, hq: int, hk: int):
+    """The kv head that query head h reads under GQA/MQA: h // (Hq / Hkv) (docs/numerics.md#gqa).
+
+    Works on an int or an array of heads. Example: kv_head(np.arange(6), 6, 2) -> [0 0 0 1 1 1]
+    """
+    return h // (hq // hk)
+
+
+def broadcast_mask(mask: np.ndarray, shape: tuple) -> np.ndarray:
+    """A user's mask broadcast to (B, H, t, s), or a ShapeError saying why it does not fit."""
+    try:
+        return np.broadcast_to(mask, shape)
+    except ValueError:
+        raise ShapeError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (B, H, t, s) = {shape}"
+        ) from None
+
+
+def check_traced(trace_at: tuple | None, bht: tuple) -> None:
+    """The traced (batch, head, query) must lie inside Q's (B, H, t); None traces nothing."""
+    if trace_at is None:
+        return
+    (tb, th, ti), (b, hq, t) = trace_at, bht
+    if not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
+        raise InputError(
+            f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "
+            f"(B, H, t) = ({b}, {hq}, {t})"
+        )
+
+
+def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> None:
+    """InputError at x's first NaN or ±inf, by its index in x.
+
+    bhnd (attention's inputs, viewed as (B, H, N, d)) calls it NaN or inf and says so; without
+    it (precision.round_inputs, arrays as given) the message shows the value: nan, inf or -inf.
+    """
+    # Chunked so a memory-mapped input is scanned without being read into memory whole.
+    flat = x.reshape(-1) if x.flags.c_contiguous else np.ravel(x)
+    step = 1 << 22
+    for start in range(0, flat.size, step):
+        part = np.asarray(flat[start:start + step])
+        if not np.isfinite(part).all():
+            bad = start + int(np.flatnonzero(~np.isfinite(part))[0])
+            idx = tuple(int(i) for i in np.unravel_index(bad, x.shape))
+            value = float(part[bad - start])
+            if not bhnd:
+                raise InputError(f"{name} holds {value} at index {idx}; attention inputs must "
+                                 "be finite")
+            what = "NaN" if math.isnan(value) else "inf"
+            raise InputError(f"{name} holds {what} at index {idx} (as (B, H, N, d)); "
+                             "attention inputs must be finite")
+
+
+def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:
+    """The traced (batch, head, query) row of an output shaped like `attention`'s."""
+    x4 = as_bhnd(x, layout, "output")
+    b, h, i = traced
+    return x4[b, h, i]
+
+
+__all__ = [
+    "as_bhnd", "bhnd_inputs", "broadcast_mask", "check_finite", "check_inputs", "check_traced",
+    "from_bhnd", "kv_head", "row_of",
+]

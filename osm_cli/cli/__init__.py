@@ -1,0 +1,35 @@
+"""The `osm` command line: typer options in, one call into the layers below, renderables out.
+
+options.py declares the choices and shared options once; common.py holds what every command
+shares (consoles, "Error: …" lines and exit codes, output files, step mode, the progress bar);
+trace.py, attention.py and tools.py hold the commands. They are registered here in the order
+`osm --help` lists them. Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad
+option values (Typer).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from . import attention as _attention
+from . import tools as _tools
+from . import trace as _trace
+from .options import PLOT_LIMIT
+
+app = typer.Typer(
+    name="osm",
+    help="Explore the online softmax at the heart of FlashAttention, step by step.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command()(_trace.trace)
+app.command()(_attention.attention)
+app.command("overflow-demo")(_trace.overflow_demo)
+app.command()(_tools.merge)
+app.command()(_tools.sweep)
+app.command()(_tools.cost)
+app.command()(_attention.check)
+
+__all__ = ["PLOT_LIMIT", "app"]

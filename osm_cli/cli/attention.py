@@ -1,0 +1,220 @@
+"""osm attention and osm check: the tiled forward on real Q/K/V traced tile by tile, and a
+kernel's output judged by FlashAttention's test rule. Leaves out: computing
+(reports/attention.py, precision/check.py) and the tables (present/attention.py,
+present/verdicts.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from osm_cli import io
+from osm_cli.attention.options import Tiling
+from osm_cli.errors import OsmError
+from osm_cli.present import attention as render
+from osm_cli.present import csv as export
+from osm_cli.present import json as documents
+from osm_cli.present import plot as plots
+from osm_cli.present.verdicts import check_report, fail_line
+from osm_cli.studies import tilemap
+
+from .common import emit_json, err, guarded, need_plot, out, present, progress, save
+from .options import (
+    PLOT_LIMIT,
+    AccumOpt,
+    Align,
+    BlockQOpt,
+    CausalAlignOpt,
+    CausalOpt,
+    CsvOpt,
+    DtypeOpt,
+    JsonOpt,
+    Layout,
+    LayoutOpt,
+    MaskedLse,
+    MaskOpt,
+    PrecisionOpt,
+    ScaleOpt,
+    SeedOpt,
+    StepOpt,
+    TileOrder,
+    UpdateForm,
+    WindowOpt,
+    score_options,
+)
+
+
+@guarded
+def attention(
+    files: Annotated[
+        list[str], typer.Argument(help="Q K V as .npy files, or one .npz holding q, k, v.")
+    ],
+    causal: CausalOpt = False,
+    causal_align: CausalAlignOpt = Align.bottom_right,
+    window: WindowOpt = None,
+    mask: MaskOpt = None,
+    scale: ScaleOpt = None,
+    block_q: BlockQOpt = None,
+    block_k: Annotated[
+        int | None, typer.Option("--block-k", min=1,
+                                 help="Keys per tile (default 128 for d <= 64, else 64).")
+    ] = None,
+    layout: LayoutOpt = Layout.bhnd,
+    masked_lse: Annotated[
+        MaskedLse, typer.Option("--masked-lse", help="LSE of fully masked rows.")
+    ] = MaskedLse.neg_inf,
+    form: Annotated[
+        UpdateForm, typer.Option("--form", help="Update form of the online step.")
+    ] = UpdateForm.rescale,
+    batch: Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")] = 0,
+    head: Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")] = 0,
+    query: Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")] = 0,
+    out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
+    lse_path: Annotated[
+        str | None, typer.Option("--lse", help="Write LSE (natural log) to this .npy.")
+    ] = None,
+    no_reference: Annotated[
+        bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
+    ] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Show every tile and component.")] = False,
+    splits: Annotated[
+        int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
+                                 "each to (O, LSE), merge, compare with the unsplit run.")
+    ] = None,
+    order: Annotated[
+        TileOrder, typer.Option("--order", help="Order to visit the K/V tiles in.")
+    ] = TileOrder.forward,
+    seed: SeedOpt = 0,
+    rescale_threshold: Annotated[
+        float, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): move m "
+                            "only when a tile's max exceeds it by more than τ (natural log).")
+    ] = 0.0,
+    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
+    accum: AccumOpt = None,
+    csv: CsvOpt = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", metavar="FILE.png", help="Also draw the traced head's probability matrix (the "
+        f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs: "
+        "pip install 'osm-cli[plot]').")] = None,
+    step: StepOpt = False,
+    as_json: JsonOpt = False,
+):
+    """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
+
+    Shapes (N, d), (H, N, d) or (B, H, N, d); Q's length may differ from K/V's; GQA when Q has a
+    multiple of K/V's heads. Prints a summary against a float64 one-shot reference and the trace
+    of one query row.
+
+    \b
+    Examples:
+      osm attention samples/q.npy samples/k.npy samples/v.npy
+      osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4
+      osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
+      osm attention q.npy k.npy v.npy --dtype bf16
+    """
+    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli.precision.model import prepare
+    from osm_cli.reports.attention import attention_report
+
+    q, k, v = io.load_qkv(files)
+    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
+                                         accum and accum.value, q, k, v)
+    if lab is not None and lab.precision == "naive" and (csv or plot or step):
+        raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
+                       "naive is one-shot attention")
+    need_plot(plot)
+    tiling = Tiling(block_q=block_q, block_k=block_k, form=form.value,
+                    threshold=rescale_threshold)
+    with progress() as tick:
+        rep = attention_report(
+            q, k, v, opts, tiling, model=lab, notes=notes, splits=splits, order=order.value,
+            seed=seed, with_reference=not no_reference, progress=tick,
+            masked_lse=masked_lse.value, trace_at=(batch, head, query))
+    res = rep.result
+    if out_path:
+        io.save_npy(Path(out_path), rep.stored_out)
+    if lse_path:
+        io.save_npy(Path(lse_path), res.lse)
+    attention_files(csv, plot, res, q, k, opts, files)
+    if as_json:
+        return emit_json(documents.attention_doc(rep))
+    heads = render.attention_heads(rep)
+    frame = functools.partial(render.attention_step_frame, heads, res, width=out.width)
+    if present(step, heads, [(frame, len(res.trace), "tile")],
+                [render.attention_trace(res, out.width, show_all)]):
+        out.print(render.attention_results(rep, show_all))
+
+
+@guarded
+def check(
+    out_file: Annotated[str, typer.Argument(
+        help="The kernel's output O as .npy, shaped like Q but with V's head dim.")],
+    files: Annotated[list[str], typer.Argument(
+        help="The kernel's inputs: Q K V as .npy files, or one .npz (q, k, v).")],
+    lse: Annotated[str | None, typer.Option(
+        "--lse", help="The kernel's LSE (natural log) as .npy, to judge too.")] = None,
+    dtype: DtypeOpt = None,
+    causal: CausalOpt = False,
+    causal_align: CausalAlignOpt = Align.bottom_right,
+    window: WindowOpt = None,
+    mask: MaskOpt = None,
+    scale: ScaleOpt = None,
+    layout: LayoutOpt = Layout.bhnd,
+    top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
+    no_model: Annotated[bool, typer.Option(
+        "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
+    as_json: JsonOpt = False,
+):
+    """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
+
+    ref = the float64 reference of the dtype-rounded inputs, cast to the dtype; pt = plain
+    attention in the dtype. Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3)
+    − ref|. Exit 0: pass. Exit 1: fail ("FAIL: …" on stderr) or bad input ("Error: …").
+    --dtype defaults to OUT's own dtype.
+
+    \b
+    Examples:
+      osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
+      osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
+    """
+    from osm_cli.precision.check import check as judge
+    from osm_cli.precision.check import output_dtype
+    from osm_cli.precision.dtypes import DTYPES
+
+    o = io.load_array(Path(out_file), mmap=False)
+    q, k, v = io.load_qkv(files)
+    lse_arr = None if lse is None else io.load_array(Path(lse), mmap=False)
+    dt = DTYPES[dtype] if dtype else output_dtype(o, out_file)
+    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    rep = judge(o, q, k, v, dt, lse=lse_arr, top=top, with_model=not no_model, opts=opts)
+    if as_json:
+        emit_json(documents.check_doc(rep))
+    else:
+        out.print(check_report(rep, out_file, top))
+    if not rep.verdict.passed:
+        err.print(f"FAIL: {fail_line(rep)}", markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def attention_files(csv, plot, res, q, k, opts, files) -> None:
+    """attention --csv and --plot: the traced row's tile table and the traced head's picture.
+
+    The picture is drawn before either file is written, so a head it cannot draw leaves none.
+    """
+    b, h, i = res.traced
+    png = None
+    if plot is not None:
+        hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
+                                        block_q=res.block_q, block_k=res.block_k, opts=opts)
+        png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
+                                    ", ".join(Path(f).name for f in files), i)
+    if csv is not None:
+        save(csv, export.tiles_csv(res), "tile table of the traced row, CSV")
+    if png is not None:
+        save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG")

@@ -1,0 +1,144 @@
+"""The command line's choices and shared options, each declared once.
+
+Choices are enums made from the lower layers' own tuples (a new update form or layout there is a
+new choice here); options that several commands share are Annotated types used by each.
+`score_options` builds attention's ScoreOptions once from the shared mask options.
+Leaves out: the commands (trace.py, attention.py, tools.py).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from osm_cli import io
+from osm_cli.attention.options import ALIGNS, LAYOUTS, MASKED_LSE, ScoreOptions
+from osm_cli.core.merge import LSE_BASES
+from osm_cli.core.state import FORMS
+from osm_cli.errors import OsmError
+from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, PRECISIONS, canonical
+from osm_cli.studies import costmodel
+from osm_cli.studies.order import ORDERS
+
+
+def _choices(name: str, values) -> type[Enum]:
+    """A str Enum whose members are `values` (member names: '-' → '_', a leading digit
+    prefixed by 'n'), as Typer lists and parses choices."""
+    def member(v: str) -> str:
+        key = v.replace("-", "_")
+        return f"n{key}" if key[0].isdigit() else key
+
+    return Enum(name, [(member(v), v) for v in values], type=str)
+
+
+Form = _choices("Form", (*FORMS, "both"))
+UpdateForm = _choices("UpdateForm", FORMS)
+Align = _choices("Align", ALIGNS)
+Layout = _choices("Layout", LAYOUTS)
+MaskedLse = _choices("MaskedLse", tuple(MASKED_LSE))
+TileOrder = _choices("TileOrder", ORDERS)
+PrecisionModel = _choices("PrecisionModel", PRECISIONS)
+AccumDtype = _choices("AccumDtype", ACCUMS)
+LseBase = _choices("LseBase", LSE_BASES)
+
+
+def dtype_name(value):
+    """--dtype: a dtype name or alias, as its canonical name (a bad one exits 2)."""
+    if value is None:
+        return None
+    try:
+        return canonical(value)
+    except OsmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def dtype_names(values):
+    return None if not values else [dtype_name(v) for v in values]
+
+
+def block_list(text: str) -> list[int]:
+    try:
+        blocks = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give whole numbers separated by commas") from None
+    if not blocks or min(blocks) < 1:
+        raise typer.BadParameter(f"{text!r}: block sizes must be at least 1")
+    return blocks
+
+
+def size(text: str) -> int:
+    try:
+        return costmodel.parse_size(text)
+    except OsmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _short(name: str) -> list[str]:
+    """A dtype's aliases as the help lists them: fp64, fp32, fp16, bf16, e4m3, e5m2."""
+    return [a for a, n in ALIASES.items() if n == name][:1]
+
+
+DTYPES_HELP = (f"{', '.join(DTYPE_NAMES)} "
+               f"(or {', '.join(a for n in DTYPE_NAMES for a in _short(n))})")
+
+
+def csv_option(table: str):
+    """--csv FILE, writing `table` (its help names the command's table)."""
+    return Annotated[Path | None, typer.Option(
+        "--csv", metavar="FILE", help=f"Also write {table} to FILE as CSV.")]
+
+
+def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
+                  scale: float | None, layout) -> ScoreOptions:
+    """attention's ScoreOptions from the shared options, built once per command."""
+    win = None if window is None else io.parse_pair(window, "--window")
+    return ScoreOptions(causal=causal, scale=scale, layout=layout.value,
+                        causal_align=causal_align.value, window=win,
+                        mask=None if mask is None else io.load_mask(mask))
+
+
+# Every command but overflow-demo.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")]
+# Options that attention, check, sweep and trace share.
+CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal mask.")]
+CausalAlignOpt = Annotated[
+    Align, typer.Option("--causal-align", help="bottom-right (FlashAttention) or top-left "
+                        "(PyTorch is_causal) when Q and K lengths differ.")
+]
+WindowOpt = Annotated[
+    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
+]
+MaskOpt = Annotated[
+    str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
+                             "bool (True = attend) or float (added to the scores).")
+]
+ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")]
+LayoutOpt = Annotated[
+    Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
+]
+DtypeOpt = Annotated[str | None, typer.Option(
+    "--dtype", callback=dtype_name, help=f"Round inputs to this dtype: {DTYPES_HELP}.")]
+PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
+    "--precision", help="With --dtype: flash (a FlashAttention kernel: fp32 state, P rounded "
+    "before P·V; the default) or naive (everything in the dtype).")]
+AccumOpt = Annotated[AccumDtype | None, typer.Option(
+    "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
+# Options shared by trace and attention (sweep's --csv is the same option, naming its table).
+CsvOpt = csv_option("the step table")
+SweepCsvOpt = csv_option("the sweep table")
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")]
+StepOpt = Annotated[bool, typer.Option(
+    "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
+    "space: next, q: quit).")]
+PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of the head
+# attention's tile size options, shared with sweep (where --block-k is the swept size).
+BlockQOpt = Annotated[
+    int | None, typer.Option("--block-q", min=1, help="Query rows per tile (default 128).")
+]
+# Options shared by trace and sweep.
+ValuesOpt = Annotated[
+    str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
+]

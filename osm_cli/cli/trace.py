@@ -1,0 +1,145 @@
+"""osm trace and osm overflow-demo: a score vector folded block by block, and why naive softmax
+overflows. Leaves out: computing (reports/trace.py, studies/overflow.py) and the tables
+(present/trace.py, present/tables.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from osm_cli import io
+from osm_cli.errors import OsmError
+from osm_cli.present import csv as export
+from osm_cli.present import json as documents
+from osm_cli.present import plot as plots
+from osm_cli.present import tables
+from osm_cli.present import trace as render
+from osm_cli.reports.trace import trace_report
+
+from .common import emit_json, guarded, need_plot, out, present, save
+from .options import (
+    DTYPES_HELP,
+    CsvOpt,
+    DtypeOpt,
+    Form,
+    JsonOpt,
+    PrecisionOpt,
+    SeedOpt,
+    StepOpt,
+    TileOrder,
+    ValuesOpt,
+    dtype_names,
+)
+
+
+@guarded
+def trace(
+    scores: Annotated[
+        str | None,
+        typer.Argument(help="Scores: text, .csv, .npy/.npz file, or '-' for standard input."),
+    ] = None,
+    values: ValuesOpt = None,
+    block: Annotated[int, typer.Option("--block", "-b", min=1, help="Scores per block.")] = 2,
+    form: Annotated[Form, typer.Option("--form", help="Update form to show.")] = Form.rescale,
+    row: Annotated[int, typer.Option("--row", min=0, help="Row of a matrix to trace.")] = 0,
+    show_all: Annotated[bool, typer.Option("--all", help="Show every block and element.")] = False,
+    as_json: JsonOpt = False,
+    order: Annotated[TileOrder | None, typer.Option(
+        "--order", help="Fold the blocks forward, reverse or shuffled (--seed); also reports the "
+        "max difference between forward, this order and a pairwise (tree) merge.")] = None,
+    seed: SeedOpt = 0,
+    rescale_threshold: Annotated[float, typer.Option(
+        "--rescale-threshold", min=0.0, metavar="TAU",
+        help="Lazy rescale (FA4): move m only when a block max exceeds it by more than TAU, in "
+        "natural-log units (FA4's 8 in log2 is 5.545). Rescale form only.")] = 0.0,
+    csv: CsvOpt = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", metavar="FILE.png",
+        help="Also draw m, l and α per block to a PNG (needs: pip install 'osm-cli[plot]')."),
+    ] = None,
+    step: StepOpt = False,
+    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
+):
+    """Trace online softmax over a score vector, block by block.
+
+    Shows the state (m, α, l) after each block, then every element's probability beside the
+    one-shot stabilized and the naive result.
+
+    \b
+    Examples:
+      osm trace samples/scores.txt --block 2
+      osm trace --values "1,2,5,3" -b 2 --form merge
+      osm trace samples/matrix.txt --row 1 --json
+    """
+    s, name = io.load_scores(scores, values)
+    trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
+                  order or rescale_threshold or csv or plot or step)
+    need_plot(plot)
+    rep = trace_report(s, block, form.value, row=row, order=order and order.value,
+                              seed=seed, threshold=rescale_threshold, dtype=dtype,
+                              precision=precision and precision.value)
+    if csv is not None:
+        save(csv, export.steps_csv(rep.traces), "step table, CSV")
+    if plot is not None:
+        save(plot, plots.trace_report_png(rep, name), "m, l and α per block, PNG")
+    if as_json:
+        return emit_json(documents.trace_doc(rep))
+    heads = render.trace_heads(rep, name)
+    pages = [(functools.partial(render.step_frame, heads, t, width=out.width), len(t.steps),
+              "block") for t in rep.traces]
+    step_tables = [render.step_table(t, show_all, out.width) for t in rep.traces]
+    if present(step, heads, pages, step_tables):
+        out.print(render.trace_results(rep, show_all, out.width))
+
+
+@guarded
+def overflow_demo(
+    values: Annotated[
+        list[float] | None, typer.Argument(help="Scores to try (default 100 102 99).")
+    ] = None,
+    dtype: Annotated[list[str] | None, typer.Option(
+        "--dtype", callback=dtype_names,
+        help=f"Show only these dtypes (repeatable): {DTYPES_HELP}.")] = None,
+):
+    """Show why naive softmax overflows and how subtracting the max fixes it.
+
+    For float16, bfloat16, float32 and float64: exp of each value, naive, stabilized and online
+    softmax, the overflow threshold ln(max finite) of each, and a fully masked row.
+
+    \b
+    Examples:
+      osm overflow-demo
+      osm overflow-demo 10 11 12
+      osm overflow-demo --dtype e4m3 --dtype e5m2
+    """
+    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli.studies.overflow import DEMO_DTYPES
+    from osm_cli.studies.overflow import overflow_demo as demo
+
+    xs = values or [100.0, 102.0, 99.0]
+    if any(np.isnan(x) for x in xs):
+        raise OsmError("values must not be NaN")
+    dtypes = tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES  # repeated: shown once
+    out.print(tables.overflow_report(demo(xs, dtypes)))
+
+
+def trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:
+    """trace's option checks, in this order: --row, --dtype's company, --rescale-threshold."""
+    n_rows = np.atleast_2d(s).shape[0]
+    if row >= n_rows:
+        raise OsmError(f"{name}: --row {row} is out of range; it has {n_rows} row(s)")
+    if dtype is None and precision is not None:
+        raise OsmError("--precision needs --dtype")
+    if dtype is not None and others:
+        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
+                       "--plot or --step")
+    if dtype is None and threshold and form is not Form.rescale:
+        raise OsmError("--rescale-threshold applies to --form rescale only")
+    if dtype is None and not np.isfinite(threshold):
+        raise OsmError("--rescale-threshold must be a finite number")

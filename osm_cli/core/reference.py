@@ -1,0 +1,60 @@
+"""The oracles for a score vector: one-shot softmax and log-sum-exp, stabilized and naive.
+
+Everything osm computes blockwise is checked against these. The stabilized forms subtract the
+row max once (docs/numerics.md#neg-inf-guard); the naive form is the formula as written,
+exp(s) / Σ exp(s), and overflows where it does in real life (docs/numerics.md#dtype-limits).
+Leaves out: any blocking or tiling, and attention's one-shot reference (attention/reference.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def stable_softmax(scores: np.ndarray, *, guard: bool = True) -> np.ndarray:
+    """exp(s - max s) / Σ exp(s - max s) along the last axis.
+
+    With guard (osm's convention, every kernel's) a row of only -inf gets probabilities 0;
+    without it, the textbook formula gives (-inf) - (-inf) = nan there.
+
+    Example: stable_softmax(np.array([100., 102., 99.])) -> [0.1142, 0.8438, 0.0420]
+    """
+    s = np.asarray(scores)
+    m = s.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if guard:
+            m = np.where(np.isneginf(m), np.zeros((), s.dtype), m)
+        e = np.exp(s - m)
+        total = e.sum(axis=-1, keepdims=True)
+        if guard:
+            return np.where(total == 0, np.zeros((), e.dtype), e / np.where(total == 0, 1, total))
+        return e / total
+
+
+def max_abs_diff(a, b) -> float:
+    """max |a − b| in float64, where equal values count as no difference even when they are
+    infinite (the LSE of a fully masked row) or both nan; 0 for empty arrays.
+
+    Example: max_abs_diff([-np.inf, 1.0], [-np.inf, 1.5]) -> 0.5
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        return float(np.where(same, 0.0, np.abs(a - b)).max(initial=0.0))
+
+
+def naive_softmax(scores: np.ndarray) -> np.ndarray:
+    """exp(s) / Σ exp(s), as written: inf / inf = nan once exp overflows the dtype."""
+    s = np.asarray(scores)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = np.exp(s)
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+def logsumexp(scores: np.ndarray) -> np.ndarray:
+    """ln Σ exp(s) along the last axis, stabilized; -inf for rows of only -inf."""
+    s = np.asarray(scores)
+    m = s.max(axis=-1)
+    ref = np.where(np.isneginf(m), 0.0, m)
+    with np.errstate(divide="ignore", over="ignore"):
+        return ref + np.log(np.exp(s - ref[..., None]).sum(axis=-1))

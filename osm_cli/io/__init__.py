@@ -1,0 +1,23 @@
+"""Files in and out: loading and validating inputs (load.py), atomic writes (save.py)."""
+
+from .load import (
+    check_file,
+    check_mask,
+    check_real,
+    check_scores,
+    is_qkv,
+    load_array,
+    load_mask,
+    load_partials,
+    load_qkv,
+    load_scores,
+    parse_pair,
+    parse_text,
+)
+from .save import save_bytes, save_npy, save_text
+
+__all__ = [
+    "check_file", "check_mask", "check_real", "check_scores", "is_qkv", "load_array",
+    "load_mask", "load_partials", "load_qkv", "load_scores", "parse_pair", "parse_text",
+    "save_bytes", "save_npy", "save_text",
+]

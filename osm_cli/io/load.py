@@ -1,0 +1,298 @@
+"""Reading inputs, with errors a user can act on.
+
+Scores come from text (numbers separated by spaces, commas or newlines; one row per line),
+.csv, .npy / .npz (pickles refused, large files memory-mapped), standard input ("-") or an
+inline string; Q, K, V from three .npy files or one .npz; masks and split-KV partials from
+.npy. Leaves out: any computation, writing (save.py).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from osm_cli.errors import InputError, ShapeError
+
+_SEP = re.compile(r"[,;\s]+")
+
+
+def parse_text(text: str, name: str) -> np.ndarray:
+    """Numbers from text: one row per non-empty line, separated by spaces, commas or semicolons.
+
+    One line, or lines of one number each, form a single vector (a column of numbers is a
+    vector, not an N×1 matrix). '#' starts a comment. Errors name the line and column of a
+    bad token.
+
+    Example: parse_text("1, 2\\n3 4", "x") -> [[1, 2], [3, 4]]
+    """
+    rows: list[list[float]] = []
+    lines: list[int] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        content = line.split("#", 1)[0]
+        row = []
+        for match in re.finditer(r"[^,;\s]+", content):
+            token = match.group()
+            try:
+                row.append(float(token))
+            except ValueError:
+                raise InputError(
+                    f"{name}: line {lineno}, column {match.start() + 1}: "
+                    f"{token!r} is not a number"
+                ) from None
+        if row:
+            rows.append(row)
+            lines.append(lineno)
+    if not rows:
+        raise InputError(f"{name}: no numbers found (the input is empty)")
+    if len(rows) == 1:
+        return np.array(rows[0], dtype=np.float64)
+    if all(len(r) == 1 for r in rows):
+        return np.array([r[0] for r in rows], dtype=np.float64)
+    width = len(rows[0])
+    for row, lineno in zip(rows, lines, strict=True):
+        if len(row) != width:
+            raise InputError(
+                f"{name}: line {lineno} has {len(row)} numbers but line {lines[0]} has {width}; "
+                "every row of a matrix needs the same length"
+            )
+    return np.array(rows, dtype=np.float64)
+
+
+def check_file(path: Path) -> None:
+    """Raise InputError unless path is an existing, readable regular file."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a file")
+
+
+def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.ndarray:
+    """An array from .npy or .npz, refusing pickles; .npy files are memory-mapped.
+
+    An .npz must hold one array, or `key` names the one to take.
+    """
+    check_file(path)
+    try:
+        if zipfile.is_zipfile(path):
+            with np.load(path, allow_pickle=False) as npz:
+                names = list(npz.files)
+                if key is None and len(names) != 1:
+                    raise InputError(
+                        f"{path}: holds {len(names)} arrays ({', '.join(names) or 'none'}); "
+                        "expected exactly one"
+                    )
+                chosen = key if key is not None else names[0]
+                if chosen not in names:
+                    raise InputError(f"{path}: has no array {chosen!r} (it has {', '.join(names)})")
+                return npz[chosen]
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":  # np.load would take anything else for a pickle
+                raise InputError(f"{path}: not a valid .npy/.npz file (it has no NPY header)")
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except InputError:
+        raise
+    except ValueError as exc:
+        # mmap refuses object arrays before np.load can say "pickle": both mean the same thing
+        if "pickle" in str(exc).lower() or "python objects" in str(exc).lower():
+            raise InputError(
+                f"{path}: holds Python objects (a pickle); osm only reads plain numeric arrays"
+            ) from None
+        raise InputError(f"{path}: not a valid .npy/.npz file ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: not a valid .npy/.npz file ({exc})") from None
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{path}: does not hold an array")
+    return arr
+
+
+def check_real(arr: np.ndarray, name: str) -> None:
+    """Refuse arrays that are not real floating point or integer numbers."""
+    kind = arr.dtype.kind
+    if kind == "O":
+        raise InputError(f"{name}: holds Python objects; osm needs a numeric array")
+    if kind == "b":
+        raise InputError(f"{name}: is a boolean array; osm needs numbers")
+    if kind == "c":
+        raise InputError(f"{name}: holds complex numbers; osm needs real numbers")
+    if kind not in "fiu" and arr.dtype.name not in ("bfloat16",) and "float8" not in arr.dtype.name:
+        raise InputError(f"{name}: has dtype {arr.dtype}; osm needs a numeric array")
+
+
+def _first(bad: np.ndarray) -> str | None:
+    """Where the first True of `bad` is, as an error shows it ("3" or "(1, 2)"); None if none."""
+    if not bad.any():
+        return None
+    idx = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+    return str(int(idx[0])) if bad.ndim == 1 else "(" + ", ".join(str(int(i)) for i in idx) + ")"
+
+
+def check_scores(scores: np.ndarray, name: str) -> np.ndarray:
+    """Validate a score vector or matrix and return it as float64.
+
+    NaN is refused (softmax of nan is nan, whatever the algorithm); so is +inf, for which
+    softmax is undefined (inf / inf). -inf, a masked score, is allowed.
+    """
+    check_real(scores, name)
+    if scores.ndim == 0:
+        raise InputError(f"{name}: is a single number (0-d); expected a vector or a matrix")
+    if scores.ndim > 2:
+        raise InputError(
+            f"{name}: has {scores.ndim} dimensions {tuple(scores.shape)}; "
+            "expected a vector or a matrix (one row per line)"
+        )
+    if scores.size == 0:
+        raise InputError(f"{name}: is empty {tuple(scores.shape)}; there are no scores")
+    out = np.asarray(scores, dtype=np.float64)
+    if (at := _first(np.isnan(out))) is not None:
+        raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
+    if (at := _first(np.isposinf(out))) is not None:
+        raise InputError(
+            f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
+            "Mask a score with -inf"
+        )
+    return out
+
+
+def load_scores(source: str | None, values: str | None = None) -> tuple[np.ndarray, str]:
+    """Scores from a file path, "-" (standard input) or an inline string; (array, display name)."""
+    if values is not None:
+        if source is not None:
+            raise InputError("give either a SCORES file or --values, not both")
+        return check_scores(parse_text(values, "--values"), "--values"), "--values"
+    if source is None:
+        raise InputError("no scores given: pass a file, '-' for standard input, or --values")
+    if source == "-":
+        return check_scores(parse_text(sys.stdin.read(), "<stdin>"), "<stdin>"), "<stdin>"
+    path = Path(source)
+    check_file(path)
+    if path.suffix.lower() in (".npy", ".npz"):
+        return check_scores(load_array(path), str(path)), str(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # spreadsheets start CSV with a BOM
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: is not a text file (and not .npy/.npz)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
+    return check_scores(parse_text(text, str(path)), str(path)), str(path)
+
+
+def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K, V from three .npy files, or from one .npz holding arrays q, k and v."""
+    if len(paths) == 1:
+        path = Path(paths[0])
+        check_file(path)
+        if not zipfile.is_zipfile(path):
+            raise InputError(f"{path}: give Q K V as three .npy files, or one .npz with q, k, v")
+        return tuple(load_array(path, key=key) for key in ("q", "k", "v"))
+    if len(paths) != 3:
+        raise InputError(f"expected Q K V (three .npy files) or one .npz; got {len(paths)} files")
+    return tuple(load_array(Path(p)) for p in paths)
+
+
+def is_qkv(paths: list[str]) -> bool:
+    """Three files, or one .npz holding q, k and v: Q/K/V (else, for osm sweep, scores)."""
+    if len(paths) == 3:
+        return True
+    if len(paths) != 1 or not paths[0].lower().endswith(".npz") or not Path(paths[0]).is_file():
+        return False
+    try:
+        with np.load(paths[0], allow_pickle=False) as z:
+            return {"q", "k", "v"} <= set(z.files)
+    except Exception:  # not a readable .npz: loading it as scores reports why
+        return False
+
+
+def _float_dtype(dtypes) -> np.dtype:
+    """The dtype to write results of inputs of these dtypes in: their common numpy float, else
+    float64."""
+    kinds = set(dtypes)
+    common = np.result_type(*kinds) if all(k.kind == "f" for k in kinds) else np.float64
+    return np.dtype(common if common in (np.float16, np.float32, np.float64) else np.float64)
+
+
+def parse_pair(text: str, name: str) -> tuple[int, int]:
+    """'LEFT,RIGHT' as two integers (-1 = unbounded)."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise InputError(
+            f"{name} must be two integers LEFT,RIGHT (e.g. 128,0); got {text!r}"
+        ) from None
+
+
+def check_mask(mask: np.ndarray, name: str) -> None:
+    """A mask must be boolean (True = attend) or real floats without NaN."""
+    if mask.dtype.kind == "b":
+        return
+    check_real(mask, name)
+    if mask.dtype.kind != "f":
+        raise InputError(
+            f"{name}: has dtype {mask.dtype}; a mask is boolean (True = attend) or float (added)"
+        )
+    if np.isnan(mask).any():
+        raise InputError(f"{name}: holds NaN; a float mask is added to the scores")
+    if np.isposinf(mask).any():
+        raise InputError(f"{name}: holds +inf; a float mask is added to the scores "
+                         "(use -inf to hide a key)")
+
+
+def load_mask(path: str) -> np.ndarray:
+    """A --mask file: boolean (True = attend) or float (added to the scores), read into memory."""
+    mask = load_array(Path(path), mmap=False)
+    check_mask(mask, path)
+    return mask
+
+
+def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray], tuple]:
+    """Split-KV partial results from pairs of files O_0 LSE_0 O_1 LSE_1 …, checked and as float64,
+    and the dtypes to write the merged O and LSE in (the files' common float, else float64).
+
+    Each O is a normalised output (…, dv), each LSE has O's shape without the last axis; every
+    pair has the same shapes. NaN anywhere and ±inf in an O are refused; an LSE of ±inf marks a
+    split with no visible key and is fine.
+    """
+    if not paths or len(paths) % 2:
+        raise InputError(
+            f"merge needs pairs of files, O_0 LSE_0 O_1 LSE_1 …; got {len(paths)} file(s)"
+        )
+    outs, lses, o_dtypes, l_dtypes = [], [], [], []
+    for o_path, l_path in zip(paths[0::2], paths[1::2], strict=True):
+        o, lse = load_array(Path(o_path)), load_array(Path(l_path))
+        for arr, p in ((o, o_path), (lse, l_path)):
+            check_real(arr, str(p))
+        o_dtypes.append(o.dtype)
+        l_dtypes.append(lse.dtype)
+        o = np.asarray(o, dtype=np.float64)
+        lse = np.asarray(lse, dtype=np.float64)
+        if o.ndim < 1 or o.size == 0:
+            raise InputError(f"{o_path}: an output needs a last axis dv of at least 1, {o.shape}")
+        for arr, p, what in ((o, o_path, "output"), (lse, l_path, "LSE")):
+            if (at := _first(np.isnan(arr))) is not None:
+                raise InputError(f"{p}: NaN at index {at}; a partial {what} must not be NaN")
+        if (at := _first(np.isinf(o))) is not None:
+            raise InputError(f"{o_path}: inf at index {at}; a normalised output is finite")
+        if lse.shape != o.shape[:-1]:
+            hint = (
+                " (the same axes in another order: FlashAttention writes O as (B, N, H, d) but "
+                "its LSE as (B, H, N); transpose one)"
+                if sorted(lse.shape) == sorted(o.shape[:-1]) else ""
+            )
+            raise ShapeError(
+                f"{l_path}: shape {tuple(lse.shape)} does not fit {o_path} {tuple(o.shape)}; an "
+                f"LSE has its output's shape without the last axis, {tuple(o.shape[:-1])}{hint}"
+            )
+        if outs and o.shape != outs[0].shape:
+            raise ShapeError(
+                f"{o_path}: shape {tuple(o.shape)} differs from {paths[0]} {tuple(outs[0].shape)};"
+                " every split has the same rows and dv"
+            )
+        outs.append(o)
+        lses.append(lse)
+    return outs, lses, (_float_dtype(o_dtypes), _float_dtype(l_dtypes))

@@ -1,0 +1,152 @@
+"""Judging a kernel (osm check): its output (and LSE) against the float64 reference of the
+dtype-rounded inputs, by FlashAttention's test rule, row by row and head by head.
+
+Leaves out: the rule itself (rule.py), printing (present/), reading files (io/).
+
+Example: check(o, q, k, v, "fp16", lse=lse, causal=True).verdict.passed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from osm_cli.attention.forward import ScoreOptions
+from osm_cli.attention.options import split_options
+from osm_cli.attention.reference import reference
+from osm_cli.attention.shapes import as_bhnd
+from osm_cli.errors import OsmError
+
+from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
+from .kernels import run_flash
+from .model import model, plain
+from .rule import Verdict, _judged, _max_abs, lse_errors
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One query row of a judged output: its largest error, in ulps, and its LSE error."""
+
+    batch: int
+    head: int
+    query: int
+    err: float  # max_j |out − ref| against the dtype-rounded reference
+    ulps: float  # err in ulps of the dtype at the row's largest |ref|
+    lse_err: float | None
+
+
+@dataclass(frozen=True)
+class HeadError:
+    batch: int
+    head: int
+    err: float
+    rows_over: int  # rows of this head whose error exceeds the rule's bound
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    shape: tuple
+    notes: tuple[Rounding, ...]
+    verdict: Verdict
+    model_err: float | None  # osm's flash model on the same inputs: what a faithful kernel errs
+    rows: tuple[RowError, ...]
+    heads: tuple[HeadError, ...]
+    rows_over: int
+    total_rows: int
+    hint: str = ""
+
+
+def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarray:
+    """An LSE shaped like osm's (ref_lse), or (B, H, t) as FlashAttention returns it for bnhd."""
+    lse = np.asarray(lse)
+    if lse.shape == ref_lse.shape:
+        return lse
+    if layout == "bnhd" and lse.ndim >= 2 and lse.shape == ref_lse.swapaxes(-1, -2).shape:
+        return lse.swapaxes(-1, -2)
+    raise OsmError(f"LSE has shape {tuple(lse.shape)}; attention of these Q, K, V gives "
+                   f"{tuple(ref_lse.shape)}")
+
+
+def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = True,
+          opts: ScoreOptions | None = None, **options) -> CheckReport:
+    """Judge an external kernel's output (and LSE) for inputs q, k, v in `dtype`.
+
+    dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
+    causal, scale, layout, causal_align, window, mask) as attention's.
+    Example: check(o, q, k, v, "fp16", lse=lse, causal=True).verdict.passed
+    """
+    opts = split_options(options, opts)[0]
+    dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
+    (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, dt)
+    out = np.asarray(out)
+    if out.dtype.kind not in "f" and out.dtype not in (
+            DTYPES["bfloat16"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]):
+        raise OsmError(f"OUT has dtype {out.dtype}; a kernel's output is floating point")
+    ref, ref_lse = reference(q, k, v, opts)
+    if out.shape != ref.shape:
+        raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
+                       f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
+    if lse is not None:
+        lse = _lse_as_bhnd(lse, ref_lse, opts.layout)
+    pt, pt_lse = plain(q, k, v, dt, opts)
+    ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
+    lse_err = None if lse is None else lse_errors(lse, ref_lse)
+    verdict = _judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
+    model_err = None
+    if with_model:
+        m = model(dtype_name(dt))
+        model_err = _max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
+                                       opts=opts).out - ref)
+    rows, heads, over = _worst(out, ref_d, lse_err, verdict, dt, opts.layout, top)
+    return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
+                       int(np.count_nonzero(over)), int(over.size),
+                       "" if verdict.passed else _hint(out, dt))
+
+
+def _worst(out, ref_d, lse_err, verdict: Verdict, dt, layout: str, top: int):
+    """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), and
+    which rows are over the rule's bound (NaN counts as over)."""
+    ref_rows = as_bhnd(ref_d, layout, "ref")
+    diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_rows)
+    row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
+    with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
+        row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
+    if lse_err is not None:
+        lse_err = as_bhnd(lse_err[..., None], layout, "LSE")[..., 0]
+    over = ~(row_err <= verdict.rule.bound)
+    rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
+    rows = []
+    for flat in np.argsort(-rank, kind="stable")[:top]:
+        b, h, i = (int(x) for x in np.unravel_index(int(flat), row_err.shape))
+        rows.append(RowError(b, h, i, float(row_err[b, h, i]), float(row_ulps[b, h, i]),
+                             None if lse_err is None else float(lse_err[b, h, i])))
+    head_err = np.where(np.isnan(row_err), np.inf, row_err).max(axis=-1, initial=0.0)
+    head_over = over.sum(axis=-1)
+    heads = []
+    for flat in np.argsort(-head_err.ravel(), kind="stable")[:top]:
+        b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
+        heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
+    return tuple(rows), tuple(heads), over
+
+
+def _hint(out, dt) -> str:
+    """A float32 output that fails but holds only bf16 or fp16 values was likely that kernel's."""
+    if bits(dt) != 32:
+        return ""
+    for narrow in ("bfloat16", "float16"):
+        if np.array_equal(round_to(out, DTYPES[narrow], np.float64),
+                          np.asarray(out, dtype=np.float64), equal_nan=True):
+            return (f"every value of OUT fits {narrow}: was it a {narrow} kernel? "
+                    f"Judge it with --dtype {narrow}")
+    return ""
+
+
+def output_dtype(out: np.ndarray, name: str) -> np.dtype:
+    """The dtype a kernel's output is judged in when --dtype is not given: its own."""
+    if out.dtype in DTYPES.values():
+        return out.dtype
+    raise OsmError(f"{name}: has dtype {out.dtype}; give --dtype (one of {', '.join(DTYPES)})")
+
+
+__all__ = ["CheckReport", "HeadError", "RowError", "check", "output_dtype"]

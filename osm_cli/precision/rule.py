@@ -1,0 +1,140 @@
+"""FlashAttention's own test rule, the verdict osm gives a run or a kernel.
+
+Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3) − ref|, with ref the
+upcast reference cast back to the dtype and pt plain same-dtype attention; osm applies the same
+rule to the LSE, and a fixed tolerance to float64 runs (docs/numerics.md#fa-rule).
+Leaves out: running anything (model.py, check.py).
+
+Example: fa_rule(out, ref64, pt, DTYPES["float16"]).passed
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import bits, dtype_name, round_to
+
+F64_TOLERANCE = 1e-12  # float64 runs: max|out − ref| ≤ this · max(1, max|ref|)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """err ≤ 2·pt_err + 2·rounding, FlashAttention's rule for one quantity (O or LSE)."""
+
+    err: float  # max |out − ref|
+    pt_err: float  # max |pt − ref|, plain same-dtype attention
+    rounding: float  # max |(ref + 0.3 − 0.3) − ref|, the 0.3 arithmetic in the dtype
+    bound: float
+    passed: bool
+    note: str = ""
+
+
+def _max_abs(d: np.ndarray) -> float:
+    # NaN propagates (a NaN anywhere fails the rule); empty arrays have no error.
+    return float(np.max(np.abs(d))) if d.size else 0.0
+
+
+def _rule(err: float, pt_err: float, rounding_err: float) -> Rule:
+    if not math.isfinite(pt_err):
+        return Rule(err, pt_err, rounding_err, math.inf, math.isfinite(err),
+                    "plain same-dtype attention overflowed, so the rule bounds nothing")
+    bound = 2 * pt_err + 2 * rounding_err
+    return Rule(err, pt_err, rounding_err, bound, bool(err <= bound))
+
+
+def fa_rule(out, ref, pt, dtype) -> Rule:
+    """FlashAttention's test: ref = the upcast reference cast back to the dtype, pt = plain.
+
+    Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3) − ref|, the last done in
+    the dtype. osm's upcast reference is float64 (FlashAttention's tests use float32); cast to a
+    16- or 8-bit dtype the two agree except at rounding ties.
+
+    Example: fa_rule(out, ref64, pt, DTYPES["float16"]).passed
+    """
+    dt = np.dtype(dtype)
+    return _fa_rule(out, round_to(ref, dt, np.float64), pt, dt)
+
+
+def _fa_rule(out, ref_d, pt, dt: np.dtype) -> Rule:
+    """fa_rule with ref already rounded to the dtype (ref_d, float64), for callers that keep it."""
+    err = _max_abs(np.asarray(out, dtype=np.float64) - ref_d)
+    pt_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
+    r = ref_d.astype(dt)
+    third = np.array(0.3).astype(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        moved = ((r + third) - third).astype(np.float64)
+    rounding_err = _max_abs(moved - ref_d)
+    if bits(dt) > 32:
+        # In float64 plain attention is the reference itself (pt_err = 0): no narrower baseline.
+        bound = F64_TOLERANCE * max(1.0, _max_abs(ref_d))
+        return Rule(err, pt_err, rounding_err, bound, bool(err <= bound),
+                    f"float64: the reference's own precision; bound {F64_TOLERANCE:g}·max|ref|")
+    return _rule(err, pt_err, rounding_err)
+
+
+def lse_errors(lse, ref_lse) -> np.ndarray:
+    """|lse − ref| per row; on fully masked rows (ref −inf) any convention (−inf, +inf, 0) is 0."""
+    x = np.asarray(lse, dtype=np.float64)
+    ref = np.asarray(ref_lse, dtype=np.float64)
+    masked = np.isneginf(ref)
+    ok_masked = np.isinf(x) | (x == 0)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(x - np.where(masked, 0.0, ref))
+    return np.where(masked, np.where(ok_masked, 0.0, np.inf), np.where(np.isnan(x), np.nan, d))
+
+
+def lse_rule(lse, ref_lse, pt_lse) -> Rule:
+    """The same rule for the LSE (osm's extension): pt's LSE is the logsumexp of the dtype-rounded
+    scores, and the 0.3 arithmetic is done in float32, the LSE's own dtype."""
+    return _lse_rule(lse_errors(lse, ref_lse), lse_errors(pt_lse, ref_lse), ref_lse)
+
+
+def _lse_rule(errs: np.ndarray, pt_errs: np.ndarray, ref_lse) -> Rule:
+    """lse_rule from the per-row lse_errors of the run (errs) and of plain attention (pt_errs)."""
+    ref = np.asarray(ref_lse, dtype=np.float64)
+    finite = ref[np.isfinite(ref)].astype(np.float32)
+    third = np.float32(0.3)
+    moved = ((finite + third) - third).astype(np.float64)
+    return _rule(_max_abs(errs), _max_abs(pt_errs), _max_abs(moved - finite))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run (or an external kernel) judged against the float64 reference and the FA rule."""
+
+    dtype: str
+    err: float  # max |out − ref64|
+    plain_err: float  # max |pt − ref64|
+    lse_err: float | None  # max |lse − ref64 LSE|
+    plain_lse_err: float
+    rule: Rule
+    lse: Rule | None
+
+    @property
+    def passed(self) -> bool:
+        return self.rule.passed and (self.lse is None or self.lse.passed)
+
+
+def judge(out, ref, pt, dtype, *, lse=None, ref_lse=None, pt_lse=None) -> Verdict:
+    """Errors against the float64 reference (ref, ref_lse) and the FA rule with plain `pt`."""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    lse_err = None if lse is None else lse_errors(lse, ref_lse)
+    return _judged(out, ref64, round_to(ref64, dtype, np.float64), pt, dtype, lse_err, ref_lse,
+                   pt_lse)
+
+
+def _judged(out, ref64, ref_d, pt, dtype, lse_err, ref_lse, pt_lse) -> Verdict:
+    """judge, given ref64 rounded to the dtype (ref_d) and the run's per-row lse_errors (None
+    without an LSE), which check() goes on to use row by row."""
+    err = _max_abs(np.asarray(out, dtype=np.float64) - ref64)
+    plain_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref64)
+    pt_lse_err = None if lse_err is None and pt_lse is None else lse_errors(pt_lse, ref_lse)
+    lrule = None if lse_err is None else _lse_rule(lse_err, pt_lse_err, ref_lse)
+    return Verdict(
+        dtype_name(dtype), err, plain_err, None if lrule is None else lrule.err,
+        _max_abs(pt_lse_err) if pt_lse is not None else math.nan,
+        _fa_rule(out, ref_d, pt, np.dtype(dtype)), lrule,
+    )

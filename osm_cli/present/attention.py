@@ -1,0 +1,167 @@
+"""osm attention's tables: the summary, the traced row tile by tile, its output beside the
+reference, the split-KV table, and the progress bar of long runs.
+
+Leaves out: computing anything (reports/attention.py), the verdict's rows (verdicts.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from .format import agreement, arrow, fill, fit, kv_table, num, values
+from .stepmode import frame
+from .verdicts import precision_summary
+
+
+def attention_summary(res, ref_err: dict | None) -> Table:
+    """Shapes, conventions, tile counts and the error against the float64 reference."""
+    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
+    rows = [
+        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
+        ("scale", f"{res.scale:.8g}"),
+        ("causal", f"yes ({res.align})" if res.causal else "no"),
+        ("window", window),
+        ("mask", res.mask),
+    ]
+    if res.one_shot:
+        rows.append(("tiles", "none: plain attention computes all scores at once"))
+    else:
+        rows += [
+            ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} "
+                      f"computed, {res.tiles_skipped} skipped of {res.tiles_total}"),
+            ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
+        ]
+    rows += [
+        ("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"),
+    ]
+    if ref_err is None:
+        rows.append(("reference", "skipped (--no-reference)"))
+    else:
+        rows += [
+            ("max |O − ref|", num(ref_err["max_abs_err"], 3)),
+            ("max relative err of O", num(ref_err["max_rel_err"], 3)),
+            ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
+        ]
+    return kv_table(rows)
+
+
+def attention_heads(rep) -> list:
+    """What comes before osm attention's trace (report.AttentionReport): the summary, and under
+    --dtype the precision model, the inputs' rounding and the verdict."""
+    heads = [attention_summary(rep.result, rep.errors)]
+    if rep.model is not None:
+        heads.append(precision_summary(rep.model, rep.notes, rep.verdict))
+    if rep.baseline is not None:
+        heads.append(baseline_lines(rep.baseline))
+    return heads
+
+
+def baseline_lines(b) -> Text:
+    """A reordered or lazy attention run against the same run forward and eager."""
+    what = []
+    if b.order != "forward":
+        what.append(f"K/V tiles {b.order}")
+    if b.threshold:
+        what.append(f"lazy rescale τ = {b.threshold:g} (natural log)")
+    saved = f" ({b.rescales_eager - b.rescales} saved)" if b.threshold else ""
+    return Text.assemble(
+        f"{', '.join(what)}: {b.rescales} rescales, {b.rescales_eager} forward and eager{saved}",
+        "\n", agreement("O vs the forward, eager run", b.max_abs_diff), "\n",
+        agreement("LSE vs the forward, eager run", b.max_lse_diff),
+    )
+
+
+def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
+    """The traced query row, tile by tile (attention_results shows its output)."""
+    return fit(lambda d: _attention_trace(res, d, show_all), width, (7, 6, 5, 4))
+
+
+def _attention_trace(res, d: int, show_all: bool) -> Group:
+    b, h, i = res.traced
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    nc = {"justify": "right", "no_wrap": True}
+    for name in ("tile", "keys", "tile max", "m", "α", "l"):
+        t.add_column(name, **nc)
+    shown = len(res.trace[0].o) if res.trace else 0
+    t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
+    t.add_column("‖O‖", **nc)
+
+    def row(n):
+        s = res.trace[n]
+        if s.masked:
+            return [str(s.block), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
+                    num(s.m, d), "", num(s.l, d), "", ""]
+        alpha = num(s.alpha, d)
+        if s.rescaled:
+            alpha.stylize("bold yellow")
+        if s.lazy_skipped:  # lazy rescale: the tile max passed m, m was kept
+            alpha.append(" skip", style="magenta")
+        return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), arrow(s.m_prev, s.m, d),
+                alpha, arrow(s.l_prev, s.l, d), values(s.o, max(3, d - 3), shown), num(s.o_norm, d)]
+
+    fill(t, len(res.trace), row, show_all)
+    title = Text(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0")
+    return Group(title, t)
+
+
+def attention_output(res, ref_row, show_all: bool = False) -> Group:
+    """The traced row's output O / l beside the reference (empty without a traced row)."""
+    parts: list = []
+    if res.trace_out is not None:
+        o = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for name in ("j", "output", "reference", "|diff|"):
+            o.add_column(name, justify="right")
+        n = len(res.trace_out)
+
+        def orow(j):
+            r = None if ref_row is None else ref_row[j]
+            return [str(j), num(res.trace_out[j], 10), num(r, 10),
+                    num(None if r is None else abs(res.trace_out[j] - r), 3)]
+
+        parts += [Text("output row O / l"), fill(o, n, orow, show_all)]
+    return Group(*parts)
+
+
+def attention_results(rep, show_all: bool = False) -> Group:
+    """What follows osm attention's trace (report.AttentionReport): the traced row's output
+    beside the reference, then the splits of --splits."""
+    split = [] if rep.split is None else [split_table(rep.split)]
+    return Group(attention_output(rep.result, rep.ref_row, show_all), *split)
+
+
+def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) -> Group:
+    """attention --step: the headers, the traced row's tiles up to `upto` (that row
+    highlighted) and a hint."""
+    return frame(headers, res.trace, upto, "tile",
+                  lambda shown: attention_trace(replace(res, trace=shown), width))
+
+
+def progress_bar(console: Console):
+    """A transient progress bar for long runs (the caller decides when to show it)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("Q tiles"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeRemainingColumn(), console=console, transient=True)
+
+
+def split_table(run) -> Group:
+    """Flash-Decoding's splits for the traced row: each (LSE_s, O_s) and its merge weight."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("split", "keys", "LSE_s", "weight exp(LSE_s − L)", "O_s[:3] (normalised)"):
+        t.add_column(name, justify="right" if name != "O_s[:3] (normalised)" else "left")
+    for s in run.splits:
+        t.add_row(str(s.split), f"{s.start}:{s.stop}", num(s.lse, 8), num(s.weight, 8),
+                  values(s.o, 5, 3))
+    return Group(
+        Text("split-KV (Flash-Decoding): each split run to (O_s, LSE_s), then\n"
+             "L = logsumexp LSE_s, O = Σ exp(LSE_s − L)·O_s"),
+        t,
+        agreement("merged vs unsplit O", run.max_abs_diff),
+        agreement("merged vs unsplit LSE", run.max_lse_diff),
+    )

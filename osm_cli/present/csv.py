@@ -1,0 +1,92 @@
+"""Step records as CSV text: the same rows the step tables show, at full precision.
+
+Floats are written with repr (the shortest text that reads back to the same float64); infinities
+as inf / -inf, which Python, numpy and pandas read back. Leaves out: writing the file (io/save.py).
+
+Example: steps_csv([trace]) -> "form,block,start,stop,block_max,m_prev,m,alpha,l_prev,l,...\\n"
+         tiles_csv(attention_result) -> "batch,head,query,step,tile,start,stop,skipped,...\\n"
+         sweep_csv(sweep_result) -> "block,tiles,skipped,rescales,max_error,lse_error,...\\n"
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+
+COLUMNS = (
+    "form", "step", "block", "start", "stop", "block_max", "m_prev", "m", "alpha", "l_prev", "l",
+    "rescaled", "skipped", "block_m", "block_l", "block_weight",
+)
+
+
+def _cell(x) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, float):
+        return repr(x)
+    return str(x)
+
+
+def _csv(header, rows) -> str:
+    """CSV text: the header, then each row of values written by _cell, lines ending in \\n."""
+    buf = _io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows([_cell(x) for x in row] for row in rows)
+    return buf.getvalue()
+
+
+def steps_csv(traces) -> str:
+    """One line per step of each trace (a form column tells --form both's two tables apart)."""
+    return _csv(COLUMNS, (
+        (t.form, i, s.block, s.start, s.stop, s.block_max, s.m_prev, s.m, s.alpha, s.l_prev, s.l,
+         bool(s.rescaled), s.lazy_skipped, s.block_m, s.block_l, s.block_weight)
+        for t in traces for i, s in enumerate(t.steps)
+    ))
+
+
+TILE_COLUMNS = (
+    "batch", "head", "query", "step", "tile", "start", "stop", "skipped", "tile_max", "m_prev",
+    "m", "alpha", "l_prev", "l", "rescaled", "o_norm",
+)
+
+
+def tiles_csv(res) -> str:
+    """One line per K/V tile of attention's traced row (core.record.Step records), in the
+    order the tiles were visited. o_0, o_1, … are the first components of the unnormalised O
+    after the tile; rescaled: the row's finite running max moved, so its state was scaled by α.
+    A skipped tile (the mask hides it) has tile_max -inf and leaves the state as it was.
+    """
+    shown = max((len(s.o) for s in res.trace), default=0)
+    b, h, i = res.traced
+    return _csv([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))], (
+        (b, h, i, n, s.block, s.start, s.stop, s.masked, s.block_max, s.m_prev, s.m, s.alpha,
+         s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o))
+        for n, s in enumerate(res.trace)
+    ))
+
+
+SWEEP_COLUMNS = (
+    "block", "tiles", "skipped", "rescales", "max_error", "lse_error", "tile_bytes", "fits",
+    "hbm_tiled", "hbm_skipping", "hbm_standard", "row_visits",
+)
+
+
+def sweep_csv(result) -> str:
+    """One line per block size of a sweep (sweep.Sweep): what was measured beside the model.
+
+    max_error is of the probabilities (scores) or of O (Q/K/V); hbm_* are modelled bytes;
+    hbm_skipping and row_visits are empty where nothing is skipped.
+    """
+    def row(r):
+        m = r.measure
+        return (r.block, m.tiles, m.skipped, m.rescales, float(m.max_error), float(m.lse_error),
+                r.tile_bytes, bool(r.fits), r.hbm_flash, r.hbm_skipping, result.hbm_standard,
+                m.row_visits)
+
+    return _csv(SWEEP_COLUMNS, map(row, result.rows))
+
+
+__all__ = ["COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "sweep_csv", "tiles_csv"]

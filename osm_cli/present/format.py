@@ -1,0 +1,113 @@
+"""Number formatting and the table helpers every presenter shares.
+
+Numbers are formatted so the digits that differ are visible and so inf and nan stand out (bold
+red; -inf, a mask, in cyan). Long tables show their first and last rows around a ⋮ row; a table
+too wide for the terminal gets fewer digits, never a cut number.
+Leaves out: any particular table (trace.py, attention.py, verdicts.py, tables.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from rich import box
+from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+VALUES_UP_TO = 8  # step tables list a block's first values only for blocks this small
+HEAD = 5  # long tables show the first and last HEAD rows around an ellipsis row
+
+
+def num(x, digits: int = 8) -> Text:
+    """A number as text: `digits` significant digits, inf/nan in bold red, -inf (a mask) dim."""
+    if x is None:
+        return Text("")
+    x = float(x)
+    if math.isnan(x):
+        return Text("nan", style="bold red")
+    if math.isinf(x):
+        return Text("inf", style="bold red") if x > 0 else Text("-inf", style="cyan")
+    return Text(f"{x:.{digits}g}")
+
+
+def arrow(a, b, digits: int = 8) -> Text:
+    """'a → b', or just 'b' when nothing changed."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return num(b, digits)
+    return Text.assemble(num(a, digits), " → ", num(b, digits))
+
+
+def values(xs: np.ndarray, digits: int = 4, most: int = 3) -> Text:
+    """A short list of values: the first `most`, then '…'."""
+    shown = [num(x, digits) for x in np.asarray(xs)[:most]]
+    parts: list = []
+    for i, t in enumerate(shown):
+        parts += ([", "] if i else []) + [t]
+    if len(xs) > most:
+        parts.append(f", …{len(xs) - most}")
+    return Text.assemble("[", *parts, "]")
+
+
+def elided(n: int, show_all: bool) -> list[int | None]:
+    """Row indices to show: all, or the first and last HEAD with None for the ellipsis."""
+    if show_all or n <= 2 * HEAD + 2:
+        return list(range(n))
+    return [*range(HEAD), None, *range(n - HEAD, n)]
+
+
+def fill(table: Table, n: int, row: Callable[[int], Sequence], show_all: bool) -> Table:
+    for i in elided(n, show_all):
+        if i is None:
+            table.add_row(*(["⋮"] * len(table.columns)), style="dim")
+        else:
+            table.add_row(*row(i))
+    return table
+
+
+def fit(make: Callable[[int], Group], width: int, digits=(8, 7, 6, 5), part: int = 1) -> Group:
+    """make(digits) with the most digits whose table (the group's `part`) fits `width`."""
+    probe = Console(width=10_000)
+    for d in digits:
+        group = make(d)
+        if Measurement.get(probe, probe.options, group.renderables[part]).maximum <= width:
+            break
+    return group
+
+
+def kv_table(rows) -> Table:
+    """(label, value) rows, the labels in bold, without a header: summaries and verdicts."""
+    t = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def agreement(label: str, diff: float) -> Text:
+    """'label: max |difference| = d': d green when (nearly) 0, yellow when not; inf and nan as
+    num shows them."""
+    shown = num(diff, 3)
+    if math.isfinite(diff):
+        shown.style = "green" if diff == 0 or diff < 1e-12 else "yellow"
+    return Text.assemble(f"{label}: max |difference| = ", shown)
+
+
+def pass_fail(passed: bool) -> Text:
+    return Text("PASS", style="bold green") if passed else Text("FAIL", style="bold red")
+
+
+def bytes_text(n: int, binary: bool = False) -> str:
+    """A byte count for people: 1.64 GB (1000-based) or, binary, 97 KiB (1024-based)."""
+    step, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB")) if binary else (
+        1000, ("B", "kB", "MB", "GB", "TB"))
+    x = float(n)
+    for unit in units:
+        if abs(x) < step or unit == units[-1]:
+            return f"{int(x)} B" if unit == "B" else f"{x:.3g} {unit}"
+        x /= step
+    return f"{n} B"  # pragma: no cover

@@ -1,0 +1,279 @@
+"""The --json documents: records in, plain dicts out, one function per document; and strict
+JSON text for them (`dumps`).
+
+Keys and their order are the documents' contract (tests and scripts read them). The step
+record's field names are mapped to the documented keys in `_state`, `step_doc` and `tile_doc`
+only: alpha is written as "scale"; a trace step's lazy skip and a tile's mask both as
+"skipped"; a tile's block index and max as "tile" and "tile_max".
+Leaves out: computing anything (the records come from reports/ and the lower layers).
+
+Example: trace_doc(trace_report(np.array([2., 4., 1., 3.]), 2))["steps"][1]["l"] -> 1.5530018
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import numpy as np
+
+
+def jsonable(obj):
+    """Plain Python values for strict JSON: arrays to lists, inf/nan to "inf", "-inf", "nan"."""
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind in "biu":
+            return obj.tolist()
+        if obj.dtype.kind != "f":
+            try:  # bfloat16 and float8 (ml_dtypes) hold their values exactly in float64
+                obj = obj.astype(np.float64)
+            except (TypeError, ValueError):
+                return jsonable(obj.tolist())
+        bad = ~np.isfinite(obj)
+        if not bad.any():
+            return obj.tolist()
+        # Vectorized: swap the non-finite entries for their strings, then one tolist().
+        named = obj.astype(object)
+        named[np.isnan(obj)] = "nan"
+        named[np.isposinf(obj)] = "inf"
+        named[np.isneginf(obj)] = "-inf"
+        return named.tolist()
+    if isinstance(obj, (np.floating, float)):
+        x = float(obj)
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return x
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def dumps(obj, indent: int | None = 2) -> str:
+    """Strict JSON (RFC 8259): no NaN or Infinity literals.
+
+    Indented when small; a large document (over ~100 kB) stays on one line, because json's
+    C encoder, 10× faster, only runs without indentation.
+    """
+    doc = jsonable(obj)
+    text = json.dumps(doc, allow_nan=False)
+    if indent is not None and len(text) < 100_000:
+        text = json.dumps(doc, indent=indent, allow_nan=False)
+    return text
+
+
+def _state(st) -> dict:
+    """A step's running state: m and l before and after, and α (the key "scale")."""
+    return {"m_prev": st.m_prev, "m": st.m, "scale": st.alpha, "l_prev": st.l_prev, "l": st.l}
+
+
+def step_doc(st) -> dict:
+    """One block of a traced row (core.record.Step)."""
+    d = {"block": st.block, "start": st.start, "stop": st.stop, "block_max": st.block_max,
+         **_state(st), "rescaled": st.rescaled}
+    if st.block_l is not None:
+        d.update(block_m=st.block_m, block_l=st.block_l, block_weight=st.block_weight)
+    return d
+
+
+def tile_doc(s) -> dict:
+    """One K/V tile of attention's traced row (core.record.Step); o_head is O's first
+    components after the tile, unnormalised; "skipped" is a tile the mask hides."""
+    return {"tile": s.block, "start": s.start, "stop": s.stop, "skipped": s.masked,
+            "tile_max": s.block_max, **_state(s), "o_head": s.o, "o_norm": s.o_norm}
+
+
+def trace_doc(rep) -> dict:
+    """osm trace --json (report.TraceReport): the steps, the final state of every row, the
+    references, and the keys of --form both, --dtype, --rescale-threshold and --order."""
+    t = rep.trace
+    doc = {
+        "block": rep.block,
+        "form": rep.form,
+        "row": rep.row,
+        "shape": list(rep.scores.shape),
+        "steps": [step_doc(st) for st in t.steps],
+        "m": t.m,
+        "l": t.l,
+        "lse": t.lse,
+        "lse_base": "e",
+        "probabilities": t.probabilities,
+        "reference": rep.reference,
+        "naive": rep.naive,
+        "max_abs_diff": float(rep.max_diff.max()),
+    }
+    if len(rep.traces) == 2:
+        doc["merge_steps"] = [step_doc(st) for st in rep.traces[1].steps]
+        doc["forms_max_abs_diff"] = rep.forms_diff
+    if rep.in_dtype:
+        lt = rep.in_dtype[0]
+        doc.update(dtype=lt.model.name, precision=lt.model.precision, scores_in_dtype=lt.scores,
+                   reference_note="float64 stabilized softmax of the unrounded scores",
+                   ulps=lt.ulps, rounding=vars(lt.rounding), p_underflowed=lt.p_underflowed,
+                   alpha_underflowed=list(lt.alpha_underflowed))
+    lazy, check = rep.lazy, rep.check
+    if lazy is not None:
+        for d, st in zip(doc["steps"], t.steps, strict=True):
+            d["skipped"] = st.lazy_skipped
+        doc.update(
+            rescale_threshold=lazy.threshold, threshold_units="natural log",
+            rescales=lazy.rescales, rescales_eager=lazy.rescales_eager,
+            rescales_saved=lazy.rescales_saved, skipped_rescales=lazy.skipped,
+            max_excess=lazy.max_excess, lazy_vs_eager_max_abs_diff=lazy.max_abs_diff,
+        )
+    if check is not None:
+        doc.update(
+            order=check.order, seed=rep.seed, block_order=check.indices,
+            order_check={
+                "forward_vs_order": check.p_order, "forward_vs_tree": check.p_tree,
+                "order_vs_tree": check.p_order_tree, "lse_forward_vs_order": check.lse_order,
+                "lse_forward_vs_tree": check.lse_tree,
+            },
+        )
+    return doc
+
+
+def attention_summary(res, errs: dict | None, ref_row) -> dict:
+    """osm attention's summary and traced row (attention.Attention), with its errors against the
+    reference (attention.errors; None: skipped) and the reference's traced row."""
+    return {
+        "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
+        "scale": res.scale, "causal": res.causal, "causal_align": res.align,
+        "window": None if res.window is None else list(res.window),
+        "mask": res.mask,
+        "block_q": res.block_q, "block_k": res.block_k,
+        "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
+        "tiles_total": res.tiles_total, "rescales": res.rescales,
+        "masked_rows": res.masked_rows, "masked_lse": res.masked_lse, "lse_base": "e",
+        **(errs or {"reference": "skipped"}),
+        "trace": {
+            "batch": res.traced[0], "head": res.traced[1], "query": res.traced[2],
+            "steps": [tile_doc(s) for s in res.trace],
+            "out": res.trace_out,
+            "reference": ref_row,
+        },
+    }
+
+
+def attention_doc(rep) -> dict:
+    """osm attention --json (report.AttentionReport): the summary and trace, then the keys of
+    --dtype (precision) and --splits."""
+    doc = attention_summary(rep.result, rep.errors, rep.ref_row)
+    if rep.model is not None:
+        doc["precision"] = precision_doc(rep.model, rep.notes, rep.verdict)
+    if rep.baseline is not None:
+        doc["baseline"] = vars(rep.baseline)
+    if rep.split is not None:
+        doc["splits"] = [vars(s) for s in rep.split.splits]
+        doc["splits_max_abs_diff"] = rep.split.max_abs_diff
+        doc["splits_max_lse_diff"] = rep.split.max_lse_diff
+    return doc
+
+
+def verdict_doc(v) -> dict:
+    """A verdict (precision.Verdict): errors against float64 and FlashAttention's test rule."""
+    def rule(r):
+        return None if r is None else {
+            "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
+            "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
+
+    return {
+        "dtype": v.dtype, "max_err_vs_fp64": v.err, "plain_max_err_vs_fp64": v.plain_err,
+        "max_lse_err_vs_fp64": v.lse_err, "plain_max_lse_err_vs_fp64": v.plain_lse_err,
+        "rule": "max|out - ref| <= 2*max|pt - ref| + 2*max|(ref + 0.3 - 0.3) - ref|",
+        "out": rule(v.rule), "lse": rule(v.lse), "passed": v.passed,
+    }
+
+
+def precision_doc(m, notes, verdict) -> dict:
+    """attention --dtype: the model (precision.Model), the inputs' rounding, the verdict."""
+    return {
+        "dtype": m.name, "precision": m.precision, "accum": m.accum.name,
+        "model": m.describe(),
+        "inputs": [vars(r) for r in notes],
+        "verdict": None if verdict is None else verdict_doc(verdict),
+    }
+
+
+def check_doc(rep) -> dict:
+    """osm check --json (precision.CheckReport)."""
+    return {
+        "shape": list(rep.shape), "inputs": [vars(r) for r in rep.notes],
+        "verdict": verdict_doc(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
+        "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
+        "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
+        "hint": rep.hint or None,
+    }
+
+
+def sweep_doc(res, name: str, accum: str) -> dict:
+    """osm sweep --json over scores (sweep.Sweep): the model's sizes, then one entry per block."""
+    return {
+        "source": name, "accum": accum, "rows": res.n_q, "keys": res.n_k, "d": res.d,
+        "dtype_bytes": res.dtype_bytes, "sram_bytes": res.sram_bytes, "block_q": res.block_q,
+        "hbm_standard": res.hbm_standard, "fa1_block_q": res.fa1_block[0],
+        "fa1_block_k": res.fa1_block[1],
+        "blocks": [
+            {"block": r.block, "tiles": r.measure.tiles, "masked_tiles": r.measure.skipped,
+             "rescales": r.measure.rescales, "max_abs_error": r.measure.max_error,
+             "max_lse_error": r.measure.lse_error, "tile_bytes": r.tile_bytes, "fits": r.fits,
+             "hbm_flash": r.hbm_flash,
+             **({} if r.hbm_skipping is None else {
+                 "tiles_computed": r.measure.tiles - r.measure.skipped,
+                 "row_visits": r.measure.row_visits, "hbm_flash_skipping": r.hbm_skipping})}
+            for r in res.rows
+        ],
+    }
+
+
+def merge_doc(files, rep) -> dict:
+    """osm merge --json (merge.MergeReport); files are the pairs O_0 LSE_0 O_1 LSE_1 … given."""
+    merged = rep.merged
+    return {
+        "lse_base": merged.lse_base,
+        "shape": list(merged.out.shape),
+        "rows": int(merged.lse.size),
+        "empty_rows": rep.empty_rows,
+        "splits": [
+            {"o": str(o), "lse": str(lse), "rows": st.rows, "empty_rows": st.empty,
+             "pos_inf": st.pos_inf, "lse_min": st.lse_min, "lse_max": st.lse_max,
+             "weight_min": st.weight_min, "weight_max": st.weight_max,
+             "weight_mean": st.weight_mean, "row_lse": rl, "row_weight": rw}
+            for st, o, lse, rl, rw in zip(rep.stats, files[0::2], files[1::2], rep.row_lses,
+                                          rep.row_weights, strict=True)
+        ],
+        "row": rep.row,
+        "row_lse": rep.row_lse,
+        "row_out": rep.row_out,
+    }
+
+
+def attention_sweep_doc(res, name: str, accum: str, shapes, opts) -> dict:
+    """osm sweep Q K V --json: sweep_doc, then Q/K/V's shapes and attention's mask keywords."""
+    doc = sweep_doc(res, name, accum)
+    sq, sk, sv = shapes
+    window = opts.window
+    doc.update(shape_q=list(sq), shape_k=list(sk), shape_v=list(sv), batch=res.batch,
+               heads=res.heads, causal=opts.causal, causal_align=opts.causal_align,
+               window=None if window is None else list(window), mask=opts.mask is not None,
+               error_of="O")
+    return doc
+
+
+def cost_doc(c) -> dict:
+    """osm cost --json (costmodel.Cost): its fields, in order."""
+    return asdict(c)
+
+
+__all__ = [
+    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "cost_doc",
+    "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc", "tile_doc",
+    "trace_doc", "verdict_doc",
+]

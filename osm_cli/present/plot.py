@@ -1,0 +1,226 @@
+"""Pictures of the records, as PNG bytes (the optional extra `osm-cli[plot]`, matplotlib).
+
+matplotlib is imported inside each function (it costs start-up time, and is optional); figures
+are drawn on a bare Agg canvas, so no GUI backend or global pyplot state is involved. Sizes are
+fixed (FIGSIZE at DPI) so a picture's pixel size is known. Leaves out: writing files (io/).
+"""
+
+from __future__ import annotations
+
+import io as _io
+import math
+
+import numpy as np
+
+from osm_cli.errors import OsmError
+
+DPI = 100
+TRACE_SIZE = (9.0, 7.5)  # inches: 900 × 750 pixels
+SWEEP_SIZE = (9.0, 7.5)
+HEATMAP_SIZE = (9.0, 8.0)  # 900 × 800 pixels
+INSTALL = "--plot needs matplotlib: pip install 'osm-cli[plot]'"
+
+
+def require_matplotlib() -> None:
+    """Raise OsmError naming the extra to install when matplotlib cannot be imported."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    except ImportError:
+        raise OsmError(INSTALL) from None
+
+
+def _figure(size):
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = _io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _finite(xs) -> np.ndarray:
+    """Non-finite values (m = -inf before any visible score) become gaps, not points."""
+    a = np.array([np.nan if x is None else float(x) for x in xs], dtype=float)
+    return np.where(np.isfinite(a), a, np.nan)
+
+
+def trace_png(trace, title: str, eager=None, threshold: float = 0.0) -> bytes:
+    """m, l and α per block of one trace, in the order the blocks were folded.
+
+    eager: the eager (τ = 0) trace beside a lazy one, drawn dashed so the stale m shows.
+    """
+    fig = _figure(TRACE_SIZE)
+    ax_m, ax_l, ax_a = fig.subplots(3, 1, sharex=True)
+    steps = trace.steps
+    x = np.arange(len(steps))
+    m = _finite(s.m for s in steps)
+    ax_m.plot(x, m, "o-", color="tab:blue", label="running max m (after block)")
+    ax_m.plot(x, _finite(s.block_max for s in steps), "x", color="tab:red", ms=8,
+              label="block max")
+    if eager is not None:
+        ax_m.plot(x, _finite(s.m for s in eager.steps), "s--", color="tab:gray", ms=4,
+                  label="eager m (τ = 0)")
+    ax_m.set_ylabel("m (score units)")
+    ax_m.legend(loc="best", fontsize="small")
+    ax_l.plot(x, _finite(s.l for s in steps), "o-", color="tab:green", label="running sum l")
+    ax_l.set_ylabel("l = Σ exp(s − m)")
+    ax_l.legend(loc="best", fontsize="small")
+    colours = [
+        "tab:purple" if s.lazy_skipped else "tab:orange" if s.rescaled else "tab:gray"
+        for s in steps
+    ]
+    ax_a.bar(x, [0.0 if math.isnan(a) else a for a in _finite(s.alpha for s in steps)],
+             color=colours)
+    ax_a.set_ylim(0, 1.35)  # headroom for the legend above the bars
+    ax_a.set_yticks([0, 0.25, 0.5, 0.75, 1])
+    ax_a.set_ylabel(r"$\alpha$ = exp(m_old − m)")
+    from matplotlib.patches import Patch
+
+    legend = [Patch(color="tab:orange", label="rescaled (m moved)"),
+              Patch(color="tab:gray", label="no rescale")]
+    if threshold > 0:
+        legend.append(Patch(color="tab:purple", label=f"rescale skipped (lazy, τ = {threshold:g})"))
+    ax_a.legend(handles=legend, loc="upper center", ncol=len(legend), fontsize="small")
+    ax_a.set_xlabel("step (block index below)" if len(steps) <= 40 else "step")
+    if len(steps) <= 40:
+        ax_a.set_xticks(x, [str(s.block) for s in steps])
+    fig.suptitle(title)
+    return _png(fig)
+
+
+def trace_report_png(rep, name: str) -> bytes:
+    """osm trace --plot: the report's trace (report.TraceReport), with the eager one beside a
+    lazy run, titled with the source, form, block size, order and τ."""
+    title = f"{name}: online softmax, form {rep.trace.form}, blocks of {rep.block}"
+    title += f", order {rep.order}" if rep.order is not None else ""
+    title += f", lazy τ = {rep.threshold:g}" if rep.threshold else ""
+    return trace_png(rep.trace, title, rep.eager, rep.threshold)
+
+
+def sweep_png(result, title: str, error: str = "max |p − reference|") -> bytes:
+    """Error, rescale count and modelled HBM traffic against the block size."""
+    fig = _figure(SWEEP_SIZE)
+    ax_e, ax_r, ax_h = fig.subplots(3, 1, sharex=True)
+    b = np.array([r.block for r in result.rows], dtype=float)
+    err = np.array([r.measure.max_error for r in result.rows])
+    ax_e.plot(b, np.where(err > 0, err, np.nan), "o-", color="tab:red")
+    if (err > 0).any():
+        ax_e.set_yscale("log")
+    ax_e.set_ylabel(error)
+    ax_r.plot(b, [r.measure.rescales for r in result.rows], "o-", color="tab:orange")
+    ax_r.set_ylabel("rescales")
+    ax_h.plot(b, [r.hbm_flash for r in result.rows], "o-", color="tab:blue",
+              label="tiled (model)")
+    ax_h.axhline(result.hbm_standard, color="tab:gray", ls="--", label="standard (model)")
+    sparse = [(r.block, r.hbm_skipping) for r in result.rows if r.sparse]
+    if sparse:
+        ax_h.plot(*zip(*sparse, strict=True), "s--", color="tab:green",
+                  label="tiled, skipped tiles left out (model)")
+    over = [(r.block, r.hbm_flash) for r in result.rows if not r.fits]
+    if over:
+        ax_h.plot(*zip(*over, strict=True), "x", color="tab:red", ms=12, mew=2,
+                  label="tile exceeds the SRAM")
+    ax_h.set_yscale("log")
+    ax_h.set_ylabel("HBM bytes (forward)")
+    ax_h.legend(loc="best", fontsize="small")
+    ax_h.set_xscale("log", base=2)
+    ax_h.set_xticks(b, [str(int(v)) for v in b])
+    ax_h.set_xlabel("block size (keys per block)")
+    fig.suptitle(title)
+    return _png(fig)
+
+
+def sweep_titled_png(result, source: str, accum: str, qkv: bool = False) -> bytes:
+    """osm sweep --plot: sweep_png titled with the source and the state's dtype; for Q/K/V
+    (qkv) the error is of attention's output O."""
+    if qkv:
+        return sweep_png(result, f"{source}: block_k sweep of attention (state in {accum})",
+                         "max |O − reference|")
+    return sweep_png(result, f"{source}: block-size sweep (state in {accum})")
+
+
+def traced_head_png(hm, source: str, traced_query: int | None = None) -> bytes:
+    """attention --plot: attention_png of the traced head (tilemap.HeadMap), titled with the
+    source and, when the head is larger, the part of it drawn. No query or no key: an error."""
+    rows, cols = hm.p.shape
+    if not rows or not cols:
+        raise OsmError(f"--plot: head {hm.head} has {hm.t} queries and {hm.s} keys; there is no "
+                       "probability matrix to draw")
+    title = f"{source}: P = softmax(scale·QKᵀ) of batch {hm.batch}, head {hm.head}"
+    if (rows, cols) != (hm.t, hm.s):
+        title += (f"\nshowing the first {rows} of {hm.t} queries × the first {cols} of "
+                  f"{hm.s} keys")
+    return attention_png(hm, title, traced_query)
+
+
+def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
+    """One head's probability matrix (tilemap.HeadMap) as a heatmap, the tile grid drawn over it
+    and the tiles attention skipped shaded; masked entries (score -inf) are white.
+    """
+    fig = _figure(HEATMAP_SIZE)
+    ax = fig.subplots()
+    rows, cols = hm.p.shape
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+
+    positive = hm.p[(hm.p > 0) & ~hm.masked]
+    top = float(positive.max()) if positive.size else 1.0
+    # a log scale, as attention rows span orders of magnitude; below 1e-6 of the top is one colour
+    floor = min(max(float(positive.min()) if positive.size else 0.0, top * 1e-6), top / 10)
+    norm = LogNorm(vmin=floor, vmax=top, clip=True)
+    cmap = colormaps["viridis"].with_extremes(bad="white")
+    extent = (-0.5, cols - 0.5, rows - 0.5, -0.5)
+    img = ax.imshow(np.ma.masked_array(np.maximum(hm.p, floor), mask=hm.masked), cmap=cmap,
+                    norm=norm, interpolation="nearest", aspect="auto", extent=extent)
+    fig.colorbar(img, ax=ax, shrink=0.8,
+                 label="p = softmax of the row over all keys (log scale)")
+    # skipped tiles: a translucent grey layer, one cell per (query, key) so any size is fast
+    n_q, n_k = hm.skip.shape
+    qi = np.minimum(np.arange(rows) // hm.block_q, n_q - 1)
+    kj = np.minimum(np.arange(cols) // hm.block_k, n_k - 1)
+    if n_q and n_k:
+        layer = hm.skip[np.ix_(qi, kj)]
+        grey = np.zeros((rows, cols, 4))
+        grey[layer] = (0.35, 0.35, 0.35, 0.6)
+        ax.imshow(grey, interpolation="nearest", aspect="auto", extent=extent)
+    lines_q = np.arange(hm.block_q, rows, hm.block_q) - 0.5
+    lines_k = np.arange(hm.block_k, cols, hm.block_k) - 0.5
+    width = 0.9 if max(len(lines_q), len(lines_k)) <= 32 else 0.3
+    for y in lines_q:
+        ax.axhline(y, color="tab:red", lw=width)
+    for x in lines_k:
+        ax.axvline(x, color="tab:red", lw=width)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+
+    handles = [Line2D([], [], color="tab:red", lw=1,
+                      label=f"tile grid: block_q {hm.block_q} × block_k {hm.block_k}"),
+               Patch(color=(0.35, 0.35, 0.35, 0.6),
+                     label=f"skipped tile, not computed ({int(hm.skip.sum())} of the head's "
+                     f"{hm.skip.size})"),
+               Patch(facecolor="white", edgecolor="black", label="masked score (p = 0)")]
+    if traced_query is not None and traced_query < rows:
+        ax.add_patch(Rectangle((-0.5, traced_query - 0.5), cols, 1, fill=False,
+                               edgecolor="tab:orange", lw=2))
+        handles.append(Patch(facecolor="none", edgecolor="tab:orange", lw=2,
+                             label=f"traced query {traced_query}"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2,
+              fontsize="small")
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    ax.set_title(title)
+    return _png(fig)
+
+
+__all__ = [
+    "INSTALL", "attention_png", "require_matplotlib", "sweep_png", "trace_png",
+    "sweep_titled_png", "trace_report_png", "traced_head_png",
+]

@@ -1,0 +1,199 @@
+"""The other commands' tables: overflow-demo, osm merge, osm sweep and osm cost.
+
+Leaves out: computing anything (studies/, reports/merge.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .format import bytes_text, num, values
+
+
+def overflow_tables(demo) -> Group:
+    """Three tables: exp of each value per dtype, softmax by each method, and the all −inf row."""
+    xs = demo.values
+    head = Table(
+        title=f"exp(x) in each dtype (x = {', '.join(f'{x:g}' for x in xs)})",
+        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+    )
+    head.add_column("dtype")
+    head.add_column("largest finite", justify="right")
+    head.add_column("exp overflows above", justify="right")
+    head.add_column("exp underflows below", justify="right")
+    for x in xs:
+        head.add_column(f"exp({x:g})", justify="right")
+    for d in demo.rows:
+        head.add_row(
+            d.dtype, num(d.max_finite, 4), num(d.overflow_at, 6), num(d.underflow_at, 6),
+            *(num(e, 4) for e in d.exp),
+        )
+    soft = Table(title="softmax(x)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    soft.add_column("dtype")
+    soft.add_column("method")
+    for i in range(len(xs)):
+        soft.add_column(f"p[{i}]", justify="right")
+    for d in demo.rows:
+        if not d.fits:
+            continue
+        for method, p in (("naive", d.naive), ("stabilized", d.stable), ("online", d.online)):
+            soft.add_row(d.dtype if method == "naive" else "", method, *(num(v, 6) for v in p))
+        soft.add_section()
+    masked = Table(
+        title="a fully masked row, x = [-inf, -inf, -inf] (float32)",
+        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+    )
+    masked.add_column("method")
+    masked.add_column("probabilities")
+    masked.add_column("why", ratio=1)
+    for method, p, why in demo.masked:
+        masked.add_row(method, values(p, 6), why)
+    return Group(
+        head, Text(demo.overflow_note + "\n"), soft, Text(""), masked, Text(demo.masked_note)
+    )
+
+
+def overflow_report(demo) -> Group:
+    """overflow-demo: its tables, then the values as each dtype holds them, if a dtype moved any."""
+    moved = any(not np.array_equal(r.held, demo.values) for r in demo.rows)
+    return Group(overflow_tables(demo), *([held_table(demo)] if moved else []))
+
+
+def held_table(demo) -> Table:
+    """overflow-demo: the values as each dtype holds them (shown when a dtype moved them)."""
+    t = Table(title="x as each dtype holds it", box=box.SIMPLE_HEAD, title_justify="left",
+              pad_edge=False)
+    t.add_column("dtype")
+    for i in range(len(demo.values)):
+        t.add_column(f"x[{i}] = {demo.values[i]:g}", justify="right")
+    for d in demo.rows:
+        t.add_row(d.dtype, *(num(x, 6) for x in d.held))
+    return t
+
+
+def merge_table(names: Sequence[tuple[str, str]], rep) -> Group:
+    """osm merge (merge.MergeReport): one row per split (empty rows, LSE and weight ranges, the
+    chosen row), then the merged result; names are the (O, LSE) file pairs."""
+    stats, merged, row = rep.stats, rep.merged, rep.row
+    base = "log2" if merged.lse_base == "2" else "natural log"
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+              title=f"splits (LSE in {base}; weight = exp(LSE_s − L), L = logsumexp LSE_s)")
+    for name in ("split", "files O, LSE", "empty rows", "+inf", "LSE range", "weight range",
+                 f"row {row}: LSE_s", "weight"):
+        t.add_column(name, justify="left" if name.startswith("files") else "right",
+                     no_wrap=not name.startswith("files"))
+    for st, (o_name, l_name), row_lse, row_w in zip(stats, names, rep.row_lses, rep.row_weights,
+                                                    strict=True):
+        if st.empty < st.rows:
+            lse_range = Text.assemble(num(st.lse_min, 5), " … ", num(st.lse_max, 5))
+            w_range = Text.assemble(num(st.weight_min, 4), " … ", num(st.weight_max, 4))
+        else:
+            lse_range = w_range = Text("all empty", style="dim")
+        t.add_row(
+            str(st.split), f"{Path(o_name).name}, {Path(l_name).name}", f"{st.empty}/{st.rows}",
+            str(st.pos_inf), lse_range, w_range, num(row_lse, 8), num(row_w, 8),
+        )
+    live = merged.lse[np.isfinite(merged.lse)]
+    summary = Text.assemble(
+        f"merged: O {tuple(merged.out.shape)}, LSE {tuple(merged.lse.shape)} ({base}); ",
+        f"{rep.empty_rows} of {merged.lse.size} row(s) empty in every split (O = 0, LSE = -inf)",
+        *((";\nLSE range ", num(live.min(), 8), " … ", num(live.max(), 8)) if live.size else ()),
+        f"\nrow {row}: L = ", num(rep.row_lse, 10), ", O[:4] = ", values(rep.row_out, 8, 4),
+    )
+    return Group(t, summary)
+
+
+def attention_sweep_about(result, shapes, opts, accum: str) -> str:
+    """osm sweep Q K V: the `about` lines of sweep_table (shapes, mask, sizes, state dtype)."""
+    masks = [f"causal ({opts.causal_align})"] if opts.causal else []
+    masks += [] if opts.window is None else ["window {},{}".format(*opts.window)]
+    masks += [] if opts.mask is None else ["--mask"]
+    sq, sk, sv = (tuple(x) for x in shapes)
+    return (f"Q {sq}  K {sk}  V {sv}, {', '.join(masks) or 'no mask'}\nB = {result.batch}, "
+            f"H = {result.heads}, {result.n_q} queries × {result.n_k} keys per head: the tiled "
+            f"forward at each block_k (state in {accum})")
+
+
+def sweep_table(result, source: str, about: str | None = None) -> Group:
+    """osm sweep: per block size the measured error and rescales beside the modelled costs.
+
+    about: for a Q/K/V sweep, the lines that describe the run (shapes, mask, state dtype); the
+    error is then of O, the tiles are computed or skipped, and when the mask skipped tiles a
+    column gives FA1's block-sparse traffic in place of the std/tiled ratio.
+    """
+    r = result
+    qkv = about is not None
+    sparse = qkv and any(x.sparse for x in r.rows)
+    first = f"{source}: {about}" if qkv else (
+        f"{source}: {r.n_q} row(s) × {r.n_k} keys, measured per block size")
+    d_text = f"d = {r.d} (Q's)" if qkv else f"head dim d = {r.d}"
+    head = Text(
+        f"{first}\n"
+        f"model: {d_text}, {r.dtype_bytes} bytes per element, tiles of {r.block_q} "
+        f"query rows, SRAM {bytes_text(r.sram_bytes, True)}\n"
+        f"(M = {r.sram_bytes // r.dtype_bytes} elements: FA1 would pick B_r = {r.fa1_block[0]}, "
+        f"B_c = {r.fa1_block[1]})\nstandard attention, forward: {bytes_text(r.hbm_standard)} "
+        "of HBM traffic (model)"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    names = ("block", "tiles", "skipped" if qkv else "masked", "rescales",
+             "max |O−ref|" if qkv else "max |p−ref|", "max |ΔLSE|", "tile bytes", "fits",
+             "HBM tiled", "HBM skip" if sparse else "std/tiled")
+    for name in names:
+        t.add_column(name, justify="right", no_wrap=True)
+    for row in r.rows:
+        m = row.measure
+        last = (bytes_text(row.hbm_skipping) if sparse else
+                f"{r.hbm_standard / row.hbm_flash:.3g}×")
+        t.add_row(
+            str(row.block), str(m.tiles), str(m.skipped), str(m.rescales), num(m.max_error, 3),
+            num(m.lse_error, 3), bytes_text(row.tile_bytes, True),
+            Text("yes", style="green") if row.fits else Text("no", style="bold red"),
+            bytes_text(row.hbm_flash), last,
+        )
+    what = ("skipped: tiles the mask hides entirely, not computed (tiles counted per head)."
+            if qkv else "masked: tiles whose scores are all -inf (a kernel with the mask skips "
+            "them).")
+    skip = ("\nHBM skip: the same model with the skipped tiles left out (FA1 Prop. 4, "
+            "block-sparse)." if sparse else "")
+    note = Text(
+        "tile bytes: one tile step's working set, Q_i, K_j, V_j in the input dtype and S, the "
+        f"O accumulator,\nm, l in fp32. {what}\nHBM bytes (forward) are FA1's I/O model "
+        f"(Algorithms 0 and 1), not a measurement.{skip}",
+        style="dim",
+    )
+    return Group(head, t, note)
+
+
+def cost_table(c) -> Group:
+    """osm cost: modelled HBM traffic of standard and tiled attention for one shape."""
+    head = Text(
+        f"N = {c.N}, d = {c.d}, {c.heads} heads, batch {c.batch}, {c.dtype_bytes} bytes per "
+        f"element\nSRAM {bytes_text(c.sram_bytes, True)}: M = {c.sram_bytes // c.dtype_bytes} "
+        f"elements, FA1 tiles B_c = ceil(M/4d) = {c.block_k}, B_r = min(B_c, d) = {c.block_q}"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("HBM reads + writes (model)", "standard", "tiled (FlashAttention)", "ratio"):
+        t.add_column(name, justify="left" if name.startswith("HBM") else "right")
+    for label, std, fl in (
+        ("forward", c.standard_fwd, c.flash_fwd),
+        ("forward + backward", c.standard_fwd_bwd, c.flash_fwd_bwd),
+        ("forward + backward, mask and dropout as\nseparate kernels in standard",
+         c.standard_fwd_bwd_passes, c.flash_fwd_bwd),
+    ):
+        t.add_row(label, bytes_text(std), bytes_text(fl), f"{std / fl:.3g}×")
+    note = Text(
+        f"matmul FLOPs (both): {c.flops_fwd / 1e9:.4g} G forward, {c.flops_fwd_bwd / 1e9:.4g} G "
+        "forward + backward. GB = 10⁹ bytes.\nThis is FA1's I/O model (Theorem 2; Algorithms 0, "
+        "1, 3 and 4 counted line by line),\nnot a measurement: caches, kernel launches and "
+        "recomputation are left out.",
+        style="dim",
+    )
+    return Group(head, t, note)

@@ -1,0 +1,262 @@
+"""osm trace's tables: the step table (one row per block), the elements beside the references,
+every row of a matrix, the lazy and order checks, and the --dtype view.
+
+Leaves out: computing anything (reports/trace.py), attention's tables (attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .format import VALUES_UP_TO, agreement, arrow, fill, fit, num, values
+from .stepmode import frame
+from .verdicts import rounding_text
+
+
+def step_table(trace, show_all: bool = False, width: int = 100) -> Group:
+    """One row per block: what entered, and the state (m, α, l) before → after.
+
+    Numbers get 8 significant digits, or as many fewer (down to 5) as it takes to fit `width`.
+    """
+    return fit(lambda d: _step_table(trace, show_all, d), width)
+
+
+def _step_table(trace, show_all: bool, d: int) -> Group:
+    merge = trace.form == "merge"
+    show_values = trace.block <= VALUES_UP_TO and not merge  # merge is the wider table
+    title = (
+        "form merge: each block's own m⁽ᵏ⁾ and l⁽ᵏ⁾ = Σ exp(s − m⁽ᵏ⁾), then\n"
+        "m = max(m, m⁽ᵏ⁾), α = exp(m_old − m), w = exp(m⁽ᵏ⁾ − m), l = l·α + l⁽ᵏ⁾·w"
+        if merge
+        else "form rescale: m = max(m, block max), α = exp(m_old − m), l = l·α + Σ exp(s − m)"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    num_col = {"justify": "right", "no_wrap": True}
+    t.add_column("#", **num_col)
+    t.add_column("keys", **num_col)
+    if show_values:  # first few scores of the block; this column wraps before numbers shrink
+        t.add_column("values", no_wrap=True, max_width=18)
+    if merge:
+        t.add_column("m⁽ᵏ⁾", **num_col)
+        t.add_column("l⁽ᵏ⁾", **num_col)
+    else:
+        t.add_column("block max", **num_col)
+    t.add_column("m", **num_col)
+    t.add_column("α", **num_col)
+    if merge:
+        t.add_column("w", **num_col)
+    t.add_column("l", **num_col)
+    steps = trace.steps
+
+    def row(i):
+        s = steps[i]
+        cells = [str(s.block), f"{s.start}:{s.stop}"]
+        cells += [values(s.values)] if show_values else []
+        if merge:
+            cells += [num(s.block_m, d), num(s.block_l, d)]
+        else:
+            cells += [num(s.block_max, d)]
+        alpha = num(s.alpha, d)
+        if s.rescaled:
+            alpha.stylize("bold yellow")
+        if s.lazy_skipped:  # lazy rescale: the block max passed m, m was kept
+            alpha.append(" skip", style="magenta")
+        cells += [arrow(s.m_prev, s.m, d), alpha]
+        if merge:
+            cells += [num(s.block_weight, d)]
+        cells += [arrow(s.l_prev, s.l, d)]
+        return cells
+
+    return Group(Text(title), fill(t, len(steps), row, show_all))
+
+
+def trace_header(name: str, n_rows: int, n: int, row: int, block: int) -> Text:
+    where = f"row {row} of {n_rows}, " if n_rows > 1 else ""
+    blocks = -(-n // block)
+    return Text(
+        f"{name}: {where}{n} scores in {blocks} block{'s' * (blocks != 1)} of {block}\n"
+        "start: m = -inf, l = 0",
+    )
+
+
+def final_line(m: float, l: float, lse: float) -> Text:
+    return Text.assemble(
+        "final: m = ", num(m, 10), ", l = ", num(l, 10), ", LSE = m + ln l = ", num(lse, 10),
+        " (natural log)",
+    )
+
+
+def element_table(scores, online, stable, naive, show_all: bool = False,
+                  width: int = 100) -> Group:
+    """Per-element probabilities: online, one-shot stabilized, naive, and their difference.
+
+    Probabilities get 12 significant digits, or fewer (down to 6) as it takes to fit `width`.
+    """
+    return fit(lambda d: Group(_element_table(scores, online, stable, naive, show_all, d)),
+                width, (12, 10, 8, 6), part=0)
+
+
+def _element_table(scores, online, stable, naive, show_all: bool, d: int) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("i", "score", "online p", "stabilized p", "naive p", "|online−stab|", "ulps"):
+        t.add_column(name, justify="right")
+    diff = np.abs(online - stable)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ulps = np.where(diff == 0, 0.0, diff / np.spacing(np.abs(stable)))
+
+    def row(i):
+        return [
+            str(i), num(scores[i], 10), num(online[i], d), num(stable[i], d),
+            num(naive[i], 6), num(diff[i], 3), num(ulps[i], 3),
+        ]
+
+    return fill(t, len(scores), row, show_all)
+
+
+def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
+    """The summary of every row of a score matrix."""
+    t = Table(title="all rows", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for name in ("row", "m", "l", "LSE", "max |online−stab|"):
+        t.add_column(name, justify="right")
+    return fill(
+        t, len(m),
+        lambda i: [str(i), num(m[i], 10), num(l[i], 10), num(lse[i], 10), num(max_diff[i], 3)],
+        show_all,
+    )
+
+
+def trace_heads(rep, name: str) -> list:
+    """What comes before osm trace's step tables (report.TraceReport): the header, and what a
+    lazy threshold does."""
+    n_rows, n = np.atleast_2d(rep.scores).shape
+    heads = [trace_header(name, n_rows, n, rep.row, rep.block)]
+    return heads + ([lazy_note(rep.threshold)] if rep.threshold else [])
+
+
+def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
+    """What follows osm trace's step tables: the final state, the traced row's elements beside
+    the references, every row, and the lazy and order checks asked for."""
+    t, row = rep.trace, rep.row
+    m, l, lse = (np.atleast_1d(a) for a in (t.m, t.l, t.lse))
+    parts: list = [final_line(m[row], l[row], lse[row])]
+    if rep.in_dtype:
+        lt = rep.in_dtype[0]
+        return Group(*parts, dtype_elements(rep.scores, lt, row, show_all),
+                     dtype_trace_note(lt, row))
+    if rep.forms_diff is not None:
+        parts.append(agreement("rescale vs merge", rep.forms_diff))
+    rows = np.atleast_2d(rep.scores)
+    p, stable, naive = (np.atleast_2d(a)[row] for a in (t.probabilities, rep.reference, rep.naive))
+    parts += [element_table(rows[row], p, stable, naive, show_all, width),
+              agreement("online vs one-shot stabilized", float(rep.max_diff[row]))]
+    if rows.shape[0] > 1:
+        parts.append(rows_table(m, l, lse, rep.max_diff, show_all))
+    if rep.lazy is not None:
+        lz = rep.lazy
+        parts += [lazy_summary(lz.rescales, lz.rescales_eager, lz.skipped, lz.max_excess,
+                               lz.threshold),
+                  agreement("lazy vs eager", lz.max_abs_diff)]
+    if rep.check is not None:
+        parts.append(order_table(rep.check, rep.seed))
+    return Group(*parts)
+
+
+def step_frame(headers: Sequence, trace, upto: int, width: int = 100) -> Group:
+    """Step mode: the header, the step table up to block `upto` (that row highlighted), a hint."""
+    return frame(headers, trace.steps, upto, "block",
+                  lambda shown: step_table(replace(trace, steps=shown), False, width))
+
+
+def lazy_note(threshold: float) -> Text:
+    """What --rescale-threshold τ does, in the units it is given in."""
+    return Text(
+        f"lazy rescale, τ = {threshold:g} (natural log; {threshold / math.log(2):.4g} in log2): "
+        "m moves only when a block max\nexceeds it by more than τ. 'skip': the block max passed m, "
+        "and the old state was not rescaled"
+    )
+
+
+def lazy_summary(lazy: int, eager: int, skipped: int, excess: float, threshold: float) -> Text:
+    """Rescales counted with and without τ, and the largest exponent the stale m let through."""
+    saved = eager - lazy
+    ex = "none" if not math.isfinite(excess) else (
+        f"{excess:.6g} (exp ≤ {math.exp(excess):.6g}; bound e^τ = {math.exp(threshold):.6g})"
+    )
+    return Text.assemble(
+        f"rescales: {lazy} lazy (τ = {threshold:g}) vs {eager} eager: ",
+        Text(f"{saved} saved", style="green" if saved > 0 else ""),
+        f", {skipped} skipped\nlargest block max − m (the exponent a stale m lets through): {ex}",
+    )
+
+
+def _order_text(indices) -> str:
+    idx = [str(int(i)) for i in indices]
+    return " ".join(idx) if len(idx) <= 24 else " ".join(idx[:12] + ["…"] + idx[-12:])
+
+
+def order_table(check, seed: int | None = None) -> Group:
+    """Forward fold vs the chosen block order vs a pairwise (tree) merge of block states."""
+    label = check.order + (f" (seed {seed})" if check.order == "shuffle" else "")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("comparison", "max |Δp|", "max |ΔLSE|"):
+        t.add_column(name, justify="left" if name == "comparison" else "right")
+    t.add_row(f"forward vs {check.order}", num(check.p_order, 3), num(check.lse_order, 3))
+    t.add_row("forward vs tree merge", num(check.p_tree, 3), num(check.lse_tree, 3))
+    t.add_row(f"{check.order} vs tree merge", num(check.p_order_tree, 3), Text(""))
+    return Group(
+        Text(f"block order {label}: {_order_text(check.indices)}\n"
+             "tree merge: each block's own (m, l), merged pairwise ((0⊕1)⊕(2⊕3))…, all rows"),
+        t,
+    )
+
+
+def dtype_trace_note(lt, row: int) -> Text:
+    """osm trace --dtype: how the scores were rounded, where the state was held, the difference."""
+    m = lt.model
+    where = (f"m, α, l held in {m.accum.name}, p rounded to {m.name} (precision flash)"
+             if m.precision == "flash" else f"m, α, l and p held in {m.name} (precision naive)")
+    diff = float(np.atleast_1d(lt.max_diff)[row])
+    ulps = np.atleast_2d(lt.ulps)[row]
+    worst = float(np.nanmax(ulps)) if np.isfinite(ulps).any() else math.nan
+    parts: list = [f"rounded to {m.name}: ", rounding_text([lt.rounding]), f"\n{where}\n",
+                   "vs float64 on the unrounded scores: max |p − p64| = ", num(diff, 3),
+                   " (", num(worst, 3), f" ulps of {m.name})"]
+    if lt.p_underflowed:
+        parts += ["; ", Text(f"{lt.p_underflowed} p underflowed to 0", style="yellow")]
+    if lt.alpha_underflowed:
+        blocks = ", ".join(str(b) for b in lt.alpha_underflowed)
+        parts += ["; ", Text(f"α underflowed to 0 at block {blocks}", style="yellow")]
+    return Text.assemble(*parts)
+
+
+def dtype_elements(scores, lt, row: int, show_all: bool = False) -> Table:
+    """Per element: the score as given and as the dtype holds it, p, the float64 p, naive p."""
+    m = lt.model
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("i", "score", f"in {m.name}", "online p", "float64 p", "naive p", "|p − p64|",
+              "ulps", ""):
+        t.add_column(c, justify="right" if c else "left")
+    s, held = np.atleast_2d(scores)[row], np.atleast_2d(lt.scores)[row]
+    p, exact = np.atleast_2d(lt.probabilities)[row], np.atleast_2d(lt.exact)[row]
+    naive, ulps = np.atleast_2d(lt.naive)[row], np.atleast_2d(lt.ulps)[row]
+
+    def cells(i):
+        note = ""
+        if np.isfinite(s[i]) and not np.isfinite(held[i]):
+            note = Text("overflow → " + ("inf" if np.isinf(held[i]) else "nan"), style="bold red")
+        elif s[i] != 0 and held[i] == 0:
+            note = Text("underflow → 0", style="yellow")
+        elif p[i] == 0 and exact[i] > 0:
+            note = Text("p underflows to 0", style="yellow")
+        return [str(i), num(s[i], 10), num(held[i], 8), num(p[i], 8), num(exact[i], 10),
+                num(naive[i], 6), num(abs(p[i] - exact[i]), 3), num(ulps[i], 3), note]
+
+    return fill(t, len(s), cells, show_all)

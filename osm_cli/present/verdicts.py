@@ -1,0 +1,113 @@
+"""Verdicts as text: the precision model and the inputs' rounding (attention --dtype), the
+FlashAttention test rule's lines, and osm check's report and its one FAIL line.
+
+Leaves out: judging anything (precision/rule.py, precision/check.py).
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .format import kv_table, num, pass_fail
+
+
+def rounding_text(notes) -> Text:
+    """Per rounded array: values moved, overflowed to inf (bold red), underflowed to 0 (yellow)."""
+    parts: list = []
+    for i, r in enumerate(notes):
+        parts += ["; " if i else "", f"{r.name} {r.changed} of {r.size} moved"]
+        if r.changed > r.overflowed:
+            parts.append(f" (max |Δ| {r.max_abs_change:.3g})")
+        if r.overflowed:
+            parts += [", ", Text(f"{r.overflowed} overflowed to inf", style="bold red")]
+        if r.underflowed:
+            parts += [", ", Text(f"{r.underflowed} underflowed to 0", style="yellow")]
+    return Text.assemble(*parts)
+
+
+def _rule_text(r, what: str = "out") -> Text:
+    line = Text.assemble(
+        f"max|{what} − ref| = ", num(r.err, 3), " ≤ 2·" if r.passed else " > 2·",
+        num(r.pt_err, 3), " + 2·",
+        num(r.rounding, 3), " = ", num(r.bound, 3), "  ", pass_fail(r.passed),
+    )
+    if r.note:
+        line.append(f"  ({r.note})", style="yellow")
+    return line
+
+
+def _verdict_rows(v, model_err: float | None = None, label: str = "this run") -> list:
+    ratio = f"  ({v.plain_err / v.err:.3g}× {label})" if v.err else ""
+    rows = [(f"max |O − ref64|, {label}", num(v.err, 3))]
+    if model_err is not None:
+        rel = f"  ({v.err / model_err:.3g}× the model)" if model_err else ""
+        rows.append(("max |O − ref64|, osm flash model", Text.assemble(num(model_err, 3), rel)))
+    rows += [
+        (f"max |O − ref64|, plain {v.dtype}", Text.assemble(num(v.plain_err, 3), ratio)),
+        ("FlashAttention test rule", _rule_text(v.rule)),
+    ]
+    if v.lse is not None:
+        rows += [
+            ("max |LSE − ref64|", Text.assemble(num(v.lse_err, 3), "  (plain ",
+                                                num(v.plain_lse_err, 3), ")")),
+            ("LSE rule", _rule_text(v.lse, "lse")),
+        ]
+    return rows
+
+
+def precision_summary(model, notes, verdict) -> Table:
+    """osm attention --dtype: the precision model, what rounding the inputs did, the verdict."""
+    rows = [("precision", model.describe()), (f"inputs in {model.name}", rounding_text(notes))]
+    if verdict is None:
+        rows.append(("verdict", "skipped (--no-reference)"))
+    else:
+        rows += _verdict_rows(verdict)
+    return kv_table(rows)
+
+
+def check_report(rep, name: str, top: int) -> Group:
+    """osm check: the verdict, then the worst rows and heads against the dtype-rounded reference."""
+    v = rep.verdict
+    head = Text(f"{name}: shape {rep.shape}, judged as {v.dtype} against the float64 reference "
+                f"of the {v.dtype}-rounded Q, K, V")
+    t = kv_table([("inputs", rounding_text(rep.notes)),
+                   *_verdict_rows(v, rep.model_err, "the kernel"),
+                   ("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
+                   ("verdict", pass_fail(v.passed))])
+    rows = Table(title=f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's "
+                 "largest |ref|)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in ("batch", "head", "query", "max |out − ref|", "ulps", "|LSE − ref|"):
+        rows.add_column(c, justify="right")
+    for r in rep.rows:
+        err = num(r.err, 3)
+        if r.err > v.rule.bound:  # nan is bold red already
+            err.style = "bold red"
+        rows.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3),
+                     num(r.lse_err, 3))
+    heads = Table(title="worst heads", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in ("batch", "head", "max |out − ref|", "rows over the bound"):
+        heads.add_column(c, justify="right")
+    for h in rep.heads:
+        heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
+    parts = [head, t, rows, heads]
+    if rep.hint:
+        parts.append(Text(rep.hint, style="yellow"))
+    return Group(*parts)
+
+
+def fail_line(rep) -> str:
+    """The one line `osm check` prints on stderr when a kernel fails (a CheckReport)."""
+    v, parts = rep.verdict, []
+    if not v.rule.passed:
+        r = v.rule
+        parts.append(f"max|out − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
+                     f"{r.bound:.3g} ({v.dtype}); {rep.rows_over} of {rep.total_rows} rows "
+                     "over the bound")
+    if v.lse is not None and not v.lse.passed:
+        r = v.lse
+        parts.append(f"max|lse − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
+                     f"{r.bound:.3g}")
+    return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")
