@@ -21,7 +21,7 @@ from osm_cli.errors import OsmError
 from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
 from .kernels import run_flash
 from .model import model, plain
-from .rule import Verdict, _judged, _max_abs, lse_errors
+from .rule import Verdict, judged, lse_errors, max_abs
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,11 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
     pt, pt_lse = plain(q, k, v, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
-    verdict = _judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
+    verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
     model_err = None
     if with_model:
         m = model(dtype_name(dt))
-        model_err = _max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
+        model_err = max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
                                        opts=opts).out - ref)
     rows, heads, over = _worst(out, ref_d, lse_err, verdict, dt, opts.layout, top)
     return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,

@@ -32,7 +32,7 @@ class Rule:
     note: str = ""
 
 
-def _max_abs(d: np.ndarray) -> float:
+def max_abs(d: np.ndarray) -> float:
     # NaN propagates (a NaN anywhere fails the rule); empty arrays have no error.
     return float(np.max(np.abs(d))) if d.size else 0.0
 
@@ -60,16 +60,16 @@ def fa_rule(out, ref, pt, dtype) -> Rule:
 
 def _fa_rule(out, ref_d, pt, dt: np.dtype) -> Rule:
     """fa_rule with ref already rounded to the dtype (ref_d, float64), for callers that keep it."""
-    err = _max_abs(np.asarray(out, dtype=np.float64) - ref_d)
-    pt_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
+    err = max_abs(np.asarray(out, dtype=np.float64) - ref_d)
+    pt_err = max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
     r = ref_d.astype(dt)
     third = np.array(0.3).astype(dt)
     with np.errstate(over="ignore", invalid="ignore"):
         moved = ((r + third) - third).astype(np.float64)
-    rounding_err = _max_abs(moved - ref_d)
+    rounding_err = max_abs(moved - ref_d)
     if bits(dt) > 32:
         # In float64 plain attention is the reference itself (pt_err = 0): no narrower baseline.
-        bound = F64_TOLERANCE * max(1.0, _max_abs(ref_d))
+        bound = F64_TOLERANCE * max(1.0, max_abs(ref_d))
         return Rule(err, pt_err, rounding_err, bound, bool(err <= bound),
                     f"float64: the reference's own precision; bound {F64_TOLERANCE:g}·max|ref|")
     return _rule(err, pt_err, rounding_err)
@@ -98,7 +98,7 @@ def _lse_rule(errs: np.ndarray, pt_errs: np.ndarray, ref_lse) -> Rule:
     finite = ref[np.isfinite(ref)].astype(np.float32)
     third = np.float32(0.3)
     moved = ((finite + third) - third).astype(np.float64)
-    return _rule(_max_abs(errs), _max_abs(pt_errs), _max_abs(moved - finite))
+    return _rule(max_abs(errs), max_abs(pt_errs), max_abs(moved - finite))
 
 
 @dataclass(frozen=True)
@@ -122,19 +122,19 @@ def judge(out, ref, pt, dtype, *, lse=None, ref_lse=None, pt_lse=None) -> Verdic
     """Errors against the float64 reference (ref, ref_lse) and the FA rule with plain `pt`."""
     ref64 = np.asarray(ref, dtype=np.float64)
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
-    return _judged(out, ref64, round_to(ref64, dtype, np.float64), pt, dtype, lse_err, ref_lse,
+    return judged(out, ref64, round_to(ref64, dtype, np.float64), pt, dtype, lse_err, ref_lse,
                    pt_lse)
 
 
-def _judged(out, ref64, ref_d, pt, dtype, lse_err, ref_lse, pt_lse) -> Verdict:
+def judged(out, ref64, ref_d, pt, dtype, lse_err, ref_lse, pt_lse) -> Verdict:
     """judge, given ref64 rounded to the dtype (ref_d) and the run's per-row lse_errors (None
     without an LSE), which check() goes on to use row by row."""
-    err = _max_abs(np.asarray(out, dtype=np.float64) - ref64)
-    plain_err = _max_abs(np.asarray(pt, dtype=np.float64) - ref64)
+    err = max_abs(np.asarray(out, dtype=np.float64) - ref64)
+    plain_err = max_abs(np.asarray(pt, dtype=np.float64) - ref64)
     pt_lse_err = None if lse_err is None and pt_lse is None else lse_errors(pt_lse, ref_lse)
     lrule = None if lse_err is None else _lse_rule(lse_err, pt_lse_err, ref_lse)
     return Verdict(
         dtype_name(dtype), err, plain_err, None if lrule is None else lrule.err,
-        _max_abs(pt_lse_err) if pt_lse is not None else math.nan,
+        max_abs(pt_lse_err) if pt_lse is not None else math.nan,
         _fa_rule(out, ref_d, pt, np.dtype(dtype)), lrule,
     )
