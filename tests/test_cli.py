@@ -468,8 +468,23 @@ def test_overflow_demo_with_values(runner):
     assert re.search(r"float32\s+naive\s+0\.0900306\s+0\.244728\s+0\.665241", out)
 
 
-def test_overflow_demo_nan_refused(runner):
-    assert error(runner, "overflow-demo", "1", "nan") == "Error: values must not be NaN"
+@pytest.mark.parametrize("bad", ["nan", "inf", "+inf"])
+def test_overflow_demo_nan_and_inf_refused(runner, bad):
+    assert error(runner, "overflow-demo", "1", bad) == (
+        "Error: values must be numbers or -inf (a masked score): softmax is undefined for NaN "
+        "and for +inf (inf / inf)")
+
+
+def test_overflow_demo_takes_negative_values(runner):
+    """-inf and negative numbers are values, not options (`--` works too)."""
+    for args in (["-inf", "-1", "2", "--dtype", "fp16"],
+                 ["--dtype", "fp16", "--", "-inf", "-1", "2"]):
+        result = run(runner, "overflow-demo", *args)
+        assert result.exit_code == 0, result.stderr
+        assert "exp(x) in each dtype (x = -inf, -1, 2)" in result.stdout
+    result = run(runner, "overflow-demo", "-inf", "-inf")
+    assert result.exit_code == 0
+    assert "Every value is masked (-inf)" in " ".join(result.stdout.split())
 
 
 def test_overflow_demo_not_a_number(runner):

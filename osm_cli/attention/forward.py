@@ -35,7 +35,16 @@ from osm_cli.core.state import (
 )
 from osm_cli.errors import InputError
 
-from .masks import Band, check_mask, make_band, mask_about, scale_q, score_tile, tile_kind
+from .masks import (
+    Band,
+    check_mask,
+    check_score_range,
+    make_band,
+    mask_about,
+    scale_q,
+    score_tile,
+    tile_kind,
+)
 from .options import (
     MASKED_LSE,
     Hooks,
@@ -183,8 +192,8 @@ def _plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_at) -
     accum = hooks.accum
     if accum is None:
         accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
-    for name, x in (("Q", q4), ("K", k4), ("V", v4)):
-        check_finite(x, name)
+    q_max, k_max, _ = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K"), (v4, "V")))
+    check_score_range(q4, k4, opts.scale_for(d), accum, q_max, k_max)
     band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
     mask = check_mask(opts.mask)
     user_mask = None

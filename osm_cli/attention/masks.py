@@ -34,6 +34,47 @@ def scale_q(q: np.ndarray, scale: float, dtype, to: Callable | None = None) -> n
     return to(to(q) * dtype.type(scale))
 
 
+def check_score_range(q4: np.ndarray, k4: np.ndarray, scale: float, dtype, q_max: float,
+                      k_max: float) -> None:
+    """InputError when some score scale·q·k, or a partial sum of it, overflows `dtype`, the
+    dtype the scores are computed in (so no run writes NaN from finite inputs).
+
+    q4 (B, H, t, d) and k4 (B, Hkv, s, d); q_max, k_max their largest magnitudes. Every partial
+    sum of q·k is at most d·max|q|·max|k|: below the dtype's largest finite value (the usual
+    case) nothing more is done. Above it the largest |scale·q·k| is computed in float64 from
+    Q and K divided by their largest magnitudes, whose products cannot overflow.
+    Example: Q = K = 1e20 in float32 (d = 4, scale 0.5) -> "scores overflow float32: …2e+40"
+    """
+    big = math.log(float(np.finfo(dtype).max))
+    if not (q_max and k_max and scale and q4.size and k4.size):
+        return
+    logs = math.log(abs(scale)) + math.log(q_max) + math.log(k_max)
+    if logs + math.log(q4.shape[-1]) < big:
+        return
+    b, hq, t, d = q4.shape
+    hk = k4.shape[1]
+    unit_k = np.asarray(k4, dtype=np.float64) / k_max
+    top = 0.0
+    for h in range(hq):
+        kT = unit_k[:, h // (hq // hk)].swapaxes(-1, -2)
+        for i0 in range(0, t, 1024):
+            part = np.asarray(q4[:, h, i0:i0 + 1024], dtype=np.float64) / q_max
+            top = max(top, float(np.abs(part @ kT).max(initial=0.0)))
+    if top and logs + math.log(top) >= big:
+        raise InputError(
+            f"scores overflow {np.dtype(dtype).name}: max |scale·q·k| ≈ "
+            f"{_sci(logs + math.log(top))} (largest finite {math.exp(big):.3g}); scale Q or K "
+            "down" + ("" if np.dtype(dtype) == np.float64 else ", or compute in float64")
+        )
+
+
+def _sci(ln_x: float) -> str:
+    """e^ln_x in scientific notation, even beyond float64's range. Example: _sci(92.1) -> 1e+40"""
+    exp10 = ln_x / math.log(10)
+    whole = math.floor(exp10)
+    return f"{10 ** (exp10 - whole):.2g}e+{whole:02d}"
+
+
 def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None,
                mask: np.ndarray | None = None, to: Callable | None = None) -> np.ndarray:
     """S = (Q·scale)·Kᵀ for one tile of rows (qs from scale_q, kT = Kᵀ), then the masks:
@@ -95,14 +136,21 @@ class Band:
 
 
 def make_band(t: int, s: int, causal: bool, align: str, window) -> Band | None:
-    """The band of a causal mask and/or a (left, right) window, or None when all keys are seen."""
+    """The band of a causal mask and/or a (left, right) window, or None when all keys are seen.
+
+    Each window side is a number of keys ≥ 0, or -1 for unbounded (FlashAttention's window_size
+    reads any negative as unbounded; osm refuses the others as likely typos). A side of t + s or
+    more reaches past every key, the same as unbounded, and is kept as such.
+    """
     if align not in ALIGNS:
         raise InputError(f"causal alignment must be one of {', '.join(ALIGNS)}, not {align!r}")
     if not causal and window is None:
         return None
-    left, right = (None, None) if window is None else window
-    left = None if left is not None and left < 0 else left
-    right = None if right is not None and right < 0 else right
+    sides = (None, None) if window is None else tuple(window)
+    if any(x is not None and x < -1 for x in sides):
+        raise InputError(f"window sides are a number of keys (≥ 0), or -1 for unbounded; got "
+                         f"{sides[0]},{sides[1]}")
+    left, right = (None if x is None or x < 0 or x >= t + s else int(x) for x in sides)
     if causal:
         right = 0 if right is None else min(right, 0)
     return Band(s - t if align == "bottom-right" else 0, left, right)

@@ -52,6 +52,10 @@ class ScoreOptions:
     window: tuple | None = None  # (left, right); a negative side is unbounded
     mask: np.ndarray | None = None  # bool True = attend, or float added to the scores
 
+    def __post_init__(self):
+        if self.scale is not None and not math.isfinite(self.scale):
+            raise InputError(f"the scale must be a finite number, not {self.scale}")
+
     def scale_for(self, d: int) -> float:
         return default_scale(d) if self.scale is None else self.scale
 

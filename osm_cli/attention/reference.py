@@ -18,9 +18,9 @@ import numpy as np
 from osm_cli.core.reference import logsumexp, max_abs_diff, stable_softmax
 
 from .forward import Attention
-from .masks import make_band, scale_q, score_tile
+from .masks import check_score_range, make_band, scale_q, score_tile
 from .options import MASKED_LSE, ScoreOptions, split_options
-from .shapes import bhnd_inputs, broadcast_mask, from_bhnd, kv_head
+from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_head
 
 
 def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None = None,
@@ -36,6 +36,8 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
     q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
     b, hq, t, d = q4.shape
     hk, s = k4.shape[1], k4.shape[2]
+    q_max, k_max = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K")))
+    check_score_range(q4, k4, opts.scale_for(d), carry, q_max, k_max)
     heads = kv_head(np.arange(hq), hq, hk)
     band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
     full_mask = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask),

@@ -43,8 +43,7 @@ def from_bhnd(x: np.ndarray, like_ndim: int, layout: str) -> np.ndarray:
 def check_inputs(q, k, v) -> None:
     """Shape and dtype rules of attention, as one clear error each."""
     for name, x in (("Q", q), ("K", k), ("V", v)):
-        kind = x.dtype.kind
-        if kind in "biuc" or kind == "O" or (kind not in "fV" and "float" not in x.dtype.name):
+        if x.dtype.kind != "f" and not x.dtype.name.startswith(("bfloat16", "float8")):
             raise InputError(
                 f"{name} has dtype {x.dtype}; attention needs floating-point arrays"
             )
@@ -105,8 +104,8 @@ def check_traced(trace_at: tuple | None, bht: tuple) -> None:
         )
 
 
-def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> None:
-    """InputError at x's first NaN or ±inf, by its index in x.
+def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> float:
+    """InputError at x's first NaN or ±inf, by its index in x; else the largest |x| (0 if empty).
 
     bhnd (attention's inputs, viewed as (B, H, N, d)) calls it NaN or inf and says so; without
     it (precision.round_inputs, arrays as given) the message shows the value: nan, inf or -inf.
@@ -114,9 +113,12 @@ def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> None:
     # Chunked so a memory-mapped input is scanned without being read into memory whole.
     flat = x.reshape(-1) if x.flags.c_contiguous else np.ravel(x)
     step = 1 << 22
+    top = 0.0
     for start in range(0, flat.size, step):
         part = np.asarray(flat[start:start + step])
-        if not np.isfinite(part).all():
+        if np.isfinite(part).all():
+            top = max(top, float(np.abs(part).max(initial=0)))
+        else:
             bad = start + int(np.flatnonzero(~np.isfinite(part))[0])
             idx = tuple(int(i) for i in np.unravel_index(bad, x.shape))
             value = float(part[bad - start])
@@ -126,6 +128,7 @@ def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> None:
             what = "NaN" if math.isnan(value) else "inf"
             raise InputError(f"{name} holds {what} at index {idx} (as (B, H, N, d)); "
                              "attention inputs must be finite")
+    return top
 
 
 def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:

@@ -26,7 +26,9 @@ app = typer.Typer(
 )
 app.command()(_trace.trace)
 app.command()(_attention.attention)
-app.command("overflow-demo")(_trace.overflow_demo)
+# Negative scores are arguments here, not options: `osm overflow-demo -inf -1 2`.
+app.command("overflow-demo", context_settings={"ignore_unknown_options": True})(
+    _trace.overflow_demo)
 app.command()(_tools.merge)
 app.command()(_tools.sweep)
 app.command()(_tools.cost)

@@ -22,7 +22,18 @@ from osm_cli.present import plot as plots
 from osm_cli.present.verdicts import check_report, fail_line
 from osm_cli.studies import tilemap
 
-from .common import emit_json, err, guarded, need_plot, out, present, progress, save
+from .common import (
+    check_outputs,
+    emit_json,
+    err,
+    guarded,
+    need_plot,
+    out,
+    present,
+    progress,
+    save,
+    score_options,
+)
 from .options import (
     PLOT_LIMIT,
     AccumOpt,
@@ -44,7 +55,6 @@ from .options import (
     TileOrder,
     UpdateForm,
     WindowOpt,
-    score_options,
 )
 
 
@@ -121,6 +131,7 @@ def attention(
     from osm_cli.precision.model import prepare
     from osm_cli.reports.attention import attention_report
 
+    check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
     q, k, v = io.load_qkv(files)
     opts = score_options(causal, causal_align, window, mask, scale, layout)
     lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
@@ -137,11 +148,8 @@ def attention(
             seed=seed, with_reference=not no_reference, progress=tick,
             masked_lse=masked_lse.value, trace_at=(batch, head, query))
     res = rep.result
-    if out_path:
-        io.save_npy(Path(out_path), rep.stored_out)
-    if lse_path:
-        io.save_npy(Path(lse_path), res.lse)
-    attention_files(csv, plot, res, q, k, opts, files)
+    save((out_path, rep.stored_out, None), (lse_path, res.lse, None),
+         *attention_files(csv, plot, res, q, k, opts, files))
     if as_json:
         return emit_json(documents.attention_doc(rep))
     heads = render.attention_heads(rep)
@@ -188,8 +196,11 @@ def check(
     from osm_cli.precision.check import output_dtype
 
     o = io.load_array(Path(out_file), mmap=False)
+    io.check_real(o, out_file)
     q, k, v = io.load_qkv(files)
     lse_arr = None if lse is None else io.load_array(Path(lse), mmap=False)
+    if lse_arr is not None:
+        io.check_real(lse_arr, lse)
     dt = dtype or output_dtype(o, out_file)
     opts = score_options(causal, causal_align, window, mask, scale, layout)
     rep = judge(o, q, k, v, dt, lse=lse_arr, top=top, with_model=not no_model, opts=opts)
@@ -202,19 +213,17 @@ def check(
         raise typer.Exit(1)
 
 
-def attention_files(csv, plot, res, q, k, opts, files) -> None:
-    """attention --csv and --plot: the traced row's tile table and the traced head's picture.
-
-    The picture is drawn before either file is written, so a head it cannot draw leaves none.
-    """
+def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:
+    """attention --csv and --plot as save() items: the traced row's tile table and the traced
+    head's picture (drawn here, before anything is written)."""
     b, h, i = res.traced
-    png = None
+    items = []
+    if csv is not None:
+        items.append((csv, export.tiles_csv(res), "tile table of the traced row, CSV"))
     if plot is not None:
         hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
                                         block_q=res.block_q, block_k=res.block_k, opts=opts)
         png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
                                     ", ".join(Path(f).name for f in files), i)
-    if csv is not None:
-        save(csv, export.tiles_csv(res), "tile table of the traced row, CSV")
-    if png is not None:
-        save(plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG")
+        items.append((plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG"))
+    return items

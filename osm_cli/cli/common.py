@@ -1,5 +1,5 @@
-"""What the commands share: the consoles, errors turned into "Error: …" and exit codes, output
-files, step mode and the progress bar.
+"""What the commands share: the consoles, attention's ScoreOptions from the shared options,
+errors turned into "Error: …" and exit codes, output files, step mode and the progress bar.
 
 Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
 Leaves out: the commands themselves.
@@ -17,6 +17,7 @@ import numpy as np
 import typer
 
 from osm_cli import io
+from osm_cli.attention.options import ScoreOptions
 from osm_cli.errors import OsmError
 from osm_cli.present import plot as plots
 from osm_cli.present import stepmode
@@ -25,6 +26,20 @@ from osm_cli.present.console import consoles
 from osm_cli.present.json import dumps
 
 out, err = consoles()
+
+
+def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
+                  scale: float | None, layout) -> ScoreOptions:
+    """attention's ScoreOptions from the shared options, built once per command; a scale of 0 or
+    below is legal, and said to be unusual on stderr."""
+    if scale is not None and scale <= 0:
+        what = ("makes every score 0: each row averages V over the keys it sees" if scale == 0
+                else "is negative: each row favours the keys least like its query")
+        err.print(f"note: --scale {scale:g} {what}", markup=False, soft_wrap=True)
+    win = None if window is None else io.parse_pair(window, "--window")
+    return ScoreOptions(causal=causal, scale=scale, layout=layout.value,
+                        causal_align=causal_align.value, window=win,
+                        mask=None if mask is None else io.load_mask(mask))
 
 
 def fail(message: str, code: int = 1):
@@ -64,17 +79,26 @@ def need_plot(plot) -> None:
         plots.require_matplotlib()
 
 
-def save(path: Path, data: str | bytes | np.ndarray, what: str = "") -> None:
-    """Write an output file (atomically): text, bytes, or an array as .npy; then say so on
-    stderr, on one line whatever the width (scripts read the path back). The line names `what`
-    the file holds; for an array, its shape ("wrote o.npy (3, 2)")."""
-    if isinstance(data, np.ndarray):
-        io.save_npy(path, data)
-        about = str(tuple(data.shape))
-    else:
-        (io.save_text if isinstance(data, str) else io.save_bytes)(path, data)
-        about = f"({what})"
-    err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
+def check_outputs(**paths: Path | str | None) -> None:
+    """Before any work: every output option's file can be written, and no two are one file.
+    Keywords are the options' names without dashes (out=…, lse=…); None is not asked for."""
+    names = [f"--{name.replace('_', '-')}" for name in paths]
+    io.check_destinations([None if p is None else Path(p) for p in paths.values()], names)
+
+
+def save(*items: tuple[Path | str | None, object, str | None]) -> None:
+    """Write a command's output files, all or none (io.write_all): each item is (path or None,
+    data, what it holds), data text, bytes or an array for .npy, or a function that makes it
+    (called only when the path is given). Then say so on stderr, one line a file whatever the
+    width (scripts read the path back): "wrote o.npy (3, 2)" for an array, else the `what`; a
+    what of None writes the file without a line."""
+    items = tuple((Path(p), data() if callable(data) else data, what)
+                  for p, data, what in items if p is not None)
+    io.write_all([(path, data) for path, data, _ in items])
+    for path, data, what in items:
+        if what is not None:
+            about = str(tuple(data.shape)) if isinstance(data, np.ndarray) else f"({what})"
+            err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
 
 
 def present(step: bool, heads: list, pages: list, tables: list) -> bool:

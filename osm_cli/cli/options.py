@@ -2,20 +2,19 @@
 
 Choices are enums made from the lower layers' own tuples (a new update form or layout there is a
 new choice here); options that several commands share are Annotated types used by each.
-`score_options` builds attention's ScoreOptions once from the shared mask options.
 Leaves out: the commands (trace.py, attention.py, tools.py).
 """
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import ALIGNS, LAYOUTS, MASKED_LSE, ScoreOptions
+from osm_cli.attention.options import ALIGNS, LAYOUTS, MASKED_LSE
 from osm_cli.core.merge import LSE_BASES
 from osm_cli.core.state import FORMS
 from osm_cli.errors import OsmError
@@ -91,13 +90,11 @@ def csv_option(table: str):
         "--csv", metavar="FILE", help=f"Also write {table} to FILE as CSV.")]
 
 
-def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
-                  scale: float | None, layout) -> ScoreOptions:
-    """attention's ScoreOptions from the shared options, built once per command."""
-    win = None if window is None else io.parse_pair(window, "--window")
-    return ScoreOptions(causal=causal, scale=scale, layout=layout.value,
-                        causal_align=causal_align.value, window=win,
-                        mask=None if mask is None else io.load_mask(mask))
+def finite_scale(value: float | None) -> float | None:
+    """--scale: any finite number (0 and negative ones are legal, and get a note)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"the scale must be a finite number, not {value}")
+    return value
 
 
 # Every command but overflow-demo.
@@ -109,13 +106,15 @@ CausalAlignOpt = Annotated[
                         "(PyTorch is_causal) when Q and K lengths differ.")
 ]
 WindowOpt = Annotated[
-    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")
+    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT: keys seen on each "
+                             "side of the diagonal (-1 = unbounded).")
 ]
 MaskOpt = Annotated[
     str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
                              "bool (True = attend) or float (added to the scores).")
 ]
-ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Score scale (default 1/sqrt(d)).")]
+ScaleOpt = Annotated[float | None, typer.Option(
+    "--scale", callback=finite_scale, help="Score scale (default 1/sqrt(d)).")]
 LayoutOpt = Annotated[
     Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
 ]

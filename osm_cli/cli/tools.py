@@ -5,6 +5,7 @@ studies/sweep.py, studies/costmodel.py) and the tables (present/tables.py).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +21,7 @@ from osm_cli.reports.merge import merge_report
 from osm_cli.studies import costmodel
 from osm_cli.studies.sweep import sweep_attention, sweep_scores
 
-from .common import emit_json, guarded, need_plot, out, save
+from .common import check_outputs, emit_json, guarded, need_plot, out, save, score_options
 from .options import (
     AccumDtype,
     Align,
@@ -37,7 +38,6 @@ from .options import (
     ValuesOpt,
     WindowOpt,
     block_list,
-    score_options,
     size,
 )
 
@@ -71,14 +71,11 @@ def merge(
       osm merge o0.npy lse0.npy o1.npy lse1.npy --out o.npy --lse lse.npy
       osm merge o0.npy lse0.npy o1.npy lse1.npy --lse-base 2 --row 5
     """
-    if out_path is not None and lse_path is not None and out_path.resolve() == lse_path.resolve():
-        raise OsmError(f"--out and --lse are the same file ({out_path}); give two names")
+    check_outputs(out=out_path, lse=lse_path)
     outs, lses, (out_dtype, lse_dtype) = io.load_partials(files)
     rep = merge_report(outs, lses, lse_base.value, row)
-    for path, arr, dtype in ((out_path, rep.merged.out, out_dtype),
-                             (lse_path, rep.merged.lse, lse_dtype)):
-        if path is not None:
-            save(path, arr.astype(dtype))
+    save((out_path, rep.merged.out.astype(out_dtype), ""),
+         (lse_path, rep.merged.lse.astype(lse_dtype), ""))
     if as_json:
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
@@ -134,6 +131,7 @@ def sweep(
     """
     files = files or []
     need_plot(plot)
+    check_outputs(plot=plot, csv=csv)
     qkv = io.is_qkv(files)
     sweep_checks(files, qkv, values, head_dim, causal or (window, mask, scale) != (None,) * 3
                   or layout is not Layout.bhnd or causal_align is not Align.bottom_right)
@@ -151,11 +149,9 @@ def sweep(
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
         about, doc = None, documents.sweep_doc(res, name, accum.value)
-    if plot is not None:
-        save(plot, plots.sweep_titled_png(res, name, accum.value, qkv),
-              "error, rescales and HBM traffic vs block size, PNG")
-    if csv is not None:
-        save(csv, export.sweep_csv(res), "the sweep table, CSV")
+    save((plot, functools.partial(plots.sweep_titled_png, res, name, accum.value, qkv),
+          "error, rescales and HBM traffic vs block size, PNG"),
+         (csv, functools.partial(export.sweep_csv, res), "the sweep table, CSV"))
     if as_json:
         return emit_json(doc)
     out.print(render.sweep_table(res, name, about))

@@ -21,7 +21,7 @@ from osm_cli.present import tables
 from osm_cli.present import trace as render
 from osm_cli.reports.trace import trace_report
 
-from .common import emit_json, guarded, need_plot, out, present, save
+from .common import check_outputs, emit_json, guarded, need_plot, out, present, save
 from .options import (
     DTYPES_HELP,
     CsvOpt,
@@ -81,13 +81,12 @@ def trace(
     trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
-    rep = trace_report(s, block, form.value, row=row, order=order and order.value,
-                              seed=seed, threshold=rescale_threshold, dtype=dtype,
-                              precision=precision and precision.value)
-    if csv is not None:
-        save(csv, export.steps_csv(rep.traces), "step table, CSV")
-    if plot is not None:
-        save(plot, plots.trace_report_png(rep, name), "m, l and α per block, PNG")
+    check_outputs(csv=csv, plot=plot)
+    rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
+                       threshold=rescale_threshold, dtype=dtype,
+                       precision=precision and precision.value)
+    save((csv, functools.partial(export.steps_csv, rep.traces), "step table, CSV"),
+         (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:
         return emit_json(documents.trace_doc(rep))
     heads = render.trace_heads(rep, name)
@@ -101,7 +100,8 @@ def trace(
 @guarded
 def overflow_demo(
     values: Annotated[
-        list[float] | None, typer.Argument(help="Scores to try (default 100 102 99).")
+        list[float] | None, typer.Argument(
+            help="Scores to try (default 100 102 99); negative ones and -inf too.")
     ] = None,
     dtype: Annotated[list[str] | None, typer.Option(
         "--dtype", callback=dtype_names,
@@ -116,6 +116,7 @@ def overflow_demo(
     Examples:
       osm overflow-demo
       osm overflow-demo 10 11 12
+      osm overflow-demo -inf -1 2 --dtype fp16
       osm overflow-demo --dtype e4m3 --dtype e5m2
     """
     # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
@@ -123,8 +124,9 @@ def overflow_demo(
     from osm_cli.studies.overflow import overflow_demo as demo
 
     xs = values or [100.0, 102.0, 99.0]
-    if any(np.isnan(x) for x in xs):
-        raise OsmError("values must not be NaN")
+    if any(np.isnan(x) or x == np.inf for x in xs):
+        raise OsmError("values must be numbers or -inf (a masked score): softmax is undefined "
+                       "for NaN and for +inf (inf / inf)")
     dtypes = tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES  # repeated: shown once
     out.print(tables.overflow_report(demo(xs, dtypes)))
 

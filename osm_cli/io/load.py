@@ -73,7 +73,8 @@ def check_file(path: Path) -> None:
 def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.ndarray:
     """An array from .npy or .npz, refusing pickles; .npy files are memory-mapped.
 
-    An .npz must hold one array, or `key` names the one to take.
+    An .npz must hold one array, or `key` names the one to take. Anything np.load cannot read
+    as an array (a garbled header, a member that is not .npy, a pickle) is an InputError.
     """
     check_file(path)
     try:
@@ -88,12 +89,15 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.n
                 chosen = key if key is not None else names[0]
                 if chosen not in names:
                     raise InputError(f"{path}: has no array {chosen!r} (it has {', '.join(names)})")
-                return npz[chosen]
-        with open(path, "rb") as fh:
-            if fh.read(6) != b"\x93NUMPY":  # np.load would take anything else for a pickle
-                raise InputError(f"{path}: not a valid .npy/.npz file (it has no NPY header)")
-        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
-    except InputError:
+                arr = npz[chosen]
+                where = f"{path}: member {chosen!r}"
+        else:
+            with open(path, "rb") as fh:
+                if fh.read(6) != b"\x93NUMPY":  # np.load would take anything else for a pickle
+                    raise InputError(f"{path}: not a valid .npy/.npz file (it has no NPY header)")
+            arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+            where = str(path)
+    except (InputError, MemoryError):
         raise
     except ValueError as exc:
         # mmap refuses object arrays before np.load can say "pickle": both mean the same thing
@@ -102,11 +106,17 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.n
                 f"{path}: holds Python objects (a pickle); osm only reads plain numeric arrays"
             ) from None
         raise InputError(f"{path}: not a valid .npy/.npz file ({exc})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{path}: not a valid .npy/.npz file ({exc})") from None
-    if not isinstance(arr, np.ndarray):
-        raise InputError(f"{path}: does not hold an array")
+    except Exception as exc:  # a garbled header (tokenize errors), a bad zip, an unreadable file
+        raise InputError(f"{path}: not a valid .npy/.npz file ({type(exc).__name__}: "
+                         f"{_short(exc)})") from None
+    if not isinstance(arr, np.ndarray):  # np.load returns a member that is not .npy as bytes
+        raise InputError(f"{where}: is not an .npy array (an .npz holds .npy files)")
     return arr
+
+
+def _short(exc: Exception, most: int = 80) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def check_real(arr: np.ndarray, name: str) -> None:
@@ -118,8 +128,24 @@ def check_real(arr: np.ndarray, name: str) -> None:
         raise InputError(f"{name}: is a boolean array; osm needs numbers")
     if kind == "c":
         raise InputError(f"{name}: holds complex numbers; osm needs real numbers")
+    check_not_void(arr, name)
     if kind not in "fiu" and arr.dtype.name not in ("bfloat16",) and "float8" not in arr.dtype.name:
         raise InputError(f"{name}: has dtype {arr.dtype}; osm needs a numeric array")
+
+
+def check_not_void(arr: np.ndarray, name: str) -> None:
+    """Refuse raw bytes and records (numpy's void kind), which no numeric check can read: a
+    bfloat16 or float8 array that ml_dtypes saved reads back as raw 2- or 1-byte values."""
+    dt = arr.dtype
+    if dt.kind != "V" or dt.name.startswith(("bfloat16", "float8")):
+        return
+    if dt.fields is None and dt.itemsize in (1, 2):
+        raise InputError(
+            f"{name}: has dtype {dt.str}, raw {dt.itemsize}-byte values: how a bfloat16 or "
+            "float8 array saved by ml_dtypes reads back from .npy, without its type; save it as "
+            "float32 (or float16) for osm"
+        )
+    raise InputError(f"{name}: has dtype {dt}; osm needs a numeric array")
 
 
 def _first(bad: np.ndarray) -> str | None:
@@ -181,16 +207,21 @@ def load_scores(source: str | None, values: str | None = None) -> tuple[np.ndarr
 
 
 def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V from three .npy files, or from one .npz holding arrays q, k and v."""
+    """Q, K, V from three .npy files, or from one .npz holding arrays q, k and v (raw bytes and
+    records refused here; attention checks the dtypes it takes)."""
     if len(paths) == 1:
         path = Path(paths[0])
         check_file(path)
         if not zipfile.is_zipfile(path):
             raise InputError(f"{path}: give Q K V as three .npy files, or one .npz with q, k, v")
-        return tuple(load_array(path, key=key) for key in ("q", "k", "v"))
-    if len(paths) != 3:
+        named = [(load_array(path, key=key), f"{path}: {key}") for key in ("q", "k", "v")]
+    elif len(paths) != 3:
         raise InputError(f"expected Q K V (three .npy files) or one .npz; got {len(paths)} files")
-    return tuple(load_array(Path(p)) for p in paths)
+    else:
+        named = [(load_array(Path(p)), p) for p in paths]
+    for arr, name in named:
+        check_not_void(arr, name)
+    return tuple(arr for arr, _ in named)
 
 
 def is_qkv(paths: list[str]) -> bool:
@@ -215,16 +246,17 @@ def _float_dtype(dtypes) -> np.dtype:
 
 
 def parse_pair(text: str, name: str) -> tuple[int, int]:
-    """'LEFT,RIGHT' as two integers (-1 = unbounded)."""
+    """'LEFT,RIGHT' as two integers (attention.masks.make_band checks their range)."""
     parts = [p.strip() for p in text.split(",")]
     try:
         if len(parts) != 2:
             raise ValueError
-        return int(parts[0]), int(parts[1])
+        pair = int(parts[0]), int(parts[1])
     except ValueError:
         raise InputError(
             f"{name} must be two integers LEFT,RIGHT (e.g. 128,0); got {text!r}"
         ) from None
+    return pair
 
 
 def check_mask(mask: np.ndarray, name: str) -> None:

@@ -18,7 +18,7 @@ from osm_cli.core.fold import Trace, online_softmax
 from osm_cli.core.reference import naive_softmax, stable_softmax
 from osm_cli.errors import OsmError
 
-from .dtypes import Rounding, has_inf, round_to, rounding, ulp
+from .dtypes import Rounding, finfo, has_inf, round_to, rounding, ulp
 from .model import Model
 
 
@@ -42,6 +42,21 @@ class LowTrace:
     ulps: np.ndarray  # per element |p − exact| in ulps of the dtype at exact
     p_underflowed: int  # p = 0 in the dtype where the float64 p > 0
     alpha_underflowed: tuple[int, ...] = ()  # blocks whose α rounded to 0 from a finite m
+    overflow_note: str = ""  # why p is nan, when some scores do not fit the dtype
+
+
+def _overflow_note(note: Rounding, m: Model) -> str:
+    """Why the trace shows nan when `note.overflowed` scores do not fit m's dtype."""
+    if not note.overflowed:
+        return ""
+    big = float(finfo(m.dtype).max)
+    if has_inf(m.dtype):
+        held, why = "inf", "m becomes inf, and exp(s − m) is exp(inf − inf) = nan or 0"
+    else:
+        held, why = f"nan ({m.name} has no inf)", "m becomes nan, and so does every exp(s − m)"
+    return (f"{note.overflowed} score(s) do not fit {m.name} (largest finite {big:.4g}) and are "
+            f"held as {held}: {why}, so the probabilities are nan. A kernel given these scores "
+            f"in {m.name} fails the same way; scale the scores, or pick a wider --dtype.")
 
 
 def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int = 0) -> LowTrace:
@@ -73,5 +88,6 @@ def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int =
     max_diff = np.atleast_2d(diff).max(axis=-1)
     gone = tuple(st.block for st in tr.steps
                  if st.alpha == 0 and math.isfinite(st.m_prev) and math.isfinite(st.m))
-    return LowTrace(m, held, rounding("scores", s64, held), tr, p, naive, exact, max_diff, ulps,
-                    int(np.count_nonzero((p == 0) & (exact > 0))), gone)
+    note = rounding("scores", s64, held)
+    return LowTrace(m, held, note, tr, p, naive, exact, max_diff, ulps,
+                    int(np.count_nonzero((p == 0) & (exact > 0))), gone, _overflow_note(note, m))

@@ -118,6 +118,8 @@ def trace_doc(rep) -> dict:
                    reference_note="float64 stabilized softmax of the unrounded scores",
                    ulps=lt.ulps, rounding=vars(lt.rounding), p_underflowed=lt.p_underflowed,
                    alpha_underflowed=list(lt.alpha_underflowed))
+        if lt.overflow_note:
+            doc.update(scores_overflowed=lt.rounding.overflowed, overflow_note=lt.overflow_note)
     lazy, check = rep.lazy, rep.check
     if lazy is not None:
         for d, st in zip(doc["steps"], t.steps, strict=True):

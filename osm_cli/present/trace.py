@@ -234,6 +234,8 @@ def dtype_trace_note(lt, row: int) -> Text:
     if lt.alpha_underflowed:
         blocks = ", ".join(str(b) for b in lt.alpha_underflowed)
         parts += ["; ", Text(f"α underflowed to 0 at block {blocks}", style="yellow")]
+    if lt.overflow_note:
+        parts += ["\n", Text(lt.overflow_note, style="bold red")]
     return Text.assemble(*parts)
 
 

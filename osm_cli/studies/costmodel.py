@@ -36,6 +36,7 @@ _UNITS = {
     "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
     "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
 }
+MAX_BYTES = 1024**5  # 1 PiB: far beyond any on-chip memory, and exact as a float
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
@@ -51,6 +52,8 @@ def parse_size(text: str) -> int:
             "KB, MB, GB (1000-based), e.g. 192KiB"
         )
     value = float(match.group(1)) * _UNITS[unit]
+    if not value <= MAX_BYTES:  # 1e400 reads as inf
+        raise InputError(f"{text!r} is too large; a size is at most 1 PiB here")
     if value < 1 or value != int(value):
         raise InputError(f"{text!r} is not a whole number of bytes (at least 1)")
     return int(value)
@@ -61,8 +64,10 @@ def fa1_blocks(M: int, d: int) -> tuple[int, int]:
 
     Example: fa1_blocks(98304, 64) = (64, 384)  (192 KiB of fp16)
     """
-    if M < 1 or d < 1:
-        raise InputError("SRAM size and head dim must be at least 1")
+    if M < 1:
+        raise InputError(f"the SRAM holds {M} elements; it must hold at least one")
+    if d < 1:
+        raise InputError(f"head dim d = {d}; it must be at least 1")
     b_c = math.ceil(M / (4 * d))
     return min(b_c, d), b_c
 
@@ -156,6 +161,9 @@ def cost(N: int, d: int, heads: int = 1, batch: int = 1, dtype_bytes: int = 2,
     if min(N, d, heads, batch, dtype_bytes) < 1:
         raise InputError("N, d, heads, batch and bytes per element must be at least 1")
     M = sram_bytes // dtype_bytes
+    if M < 1:
+        raise InputError(f"--sram {sram_bytes} B holds no element of {dtype_bytes} bytes "
+                         "(--dtype-bytes); give a larger --sram")
     b_r, b_c = fa1_blocks(M, d)
     shape = (N, d, heads, batch, dtype_bytes)
     return Cost(
