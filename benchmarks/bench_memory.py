@@ -14,13 +14,16 @@ Goals:
      stderr and nothing of the table printed on stdout.
 
 Peak RSS is the child's ru_maxrss from os.wait4; wall time is the whole process, start to exit.
-Each child runs with a timeout (--timeout, default 600 s) and is killed past it ("timed out").
+Each child runs with a timeout (--timeout, default 600 s) and is killed past it ("timed out"),
+and, so that a run far over its goal fails with MemoryError rather than calling the OOM killer on
+a shared machine, under RLIMIT_AS = --ram-cap × MemTotal (default 0.9; 0: no cap). A child that
+hits the cap exits with "Error: out of memory …" and its goal reads MISSED.
 The scores are random normal (np.random.default_rng(0)), written in chunks with
 np.lib.format.open_memmap into a temporary directory (or --dir), never held whole in memory; the
 size is scaled down when the free disk (shutil.disk_usage) cannot hold it with room to spare.
 
 A program, not a test: `python benchmarks/bench_memory.py [--quick] [--n N] [--block B]
-[--timeout S] [--dir DIR]` (--quick: 10⁷ scores for goals 1 and 3).
+[--timeout S] [--dir DIR] [--ram-cap F]` (--quick: 10⁷ scores for goals 1 and 3).
 """
 
 from __future__ import annotations
@@ -125,10 +128,15 @@ def osm_command() -> list[str]:
     return [osm] if osm else [sys.executable, "-m", "osm_cli"]
 
 
+RAM_CAP = 0  # bytes of RLIMIT_AS on every child, 0: none (main sets it from --ram-cap)
+
+
 def launch(label: str, cmd: list[str], tmp: Path, input_bytes: int, timeout: float,
            stdout: str | Path | None = None, limit: int = 0) -> Run:
     """Run `cmd` under the launcher: stdout to `stdout` (a file in tmp by default), stderr to a
-    file in tmp, RLIMIT_AS `limit` bytes (0: none), killed after `timeout` seconds."""
+    file in tmp, RLIMIT_AS `limit` bytes (0: RAM_CAP only), killed after `timeout` seconds."""
+    caps = [x for x in (limit, RAM_CAP) if x > 0]
+    limit = min(caps) if caps else 0
     tag = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
     out = Path(stdout) if stdout is not None else tmp / f"{tag}.stdout"
     err = tmp / f"{tag}.stderr"
@@ -145,14 +153,19 @@ def launch(label: str, cmd: list[str], tmp: Path, input_bytes: int, timeout: flo
                float(cpu), killed == "1", out, err, input_bytes)
 
 
-def machine() -> None:
-    meminfo = {}
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes; empty where there is none."""
+    info = {}
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             key, _, rest = line.partition(":")
-            meminfo[key] = int(rest.split()[0]) * 1024
+            info[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return info
+
+
+def machine() -> None:
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -163,9 +176,10 @@ def machine() -> None:
         pass
     print(f"{platform.platform()}, python {platform.python_version()}, numpy {np.__version__}")
     print(f"  {os.cpu_count()} CPU(s): {cpu}")
-    if meminfo:
-        print(f"  RAM {meminfo.get('MemTotal', 0) / GIB:.1f} GiB total, "
-              f"{meminfo.get('MemAvailable', 0) / GIB:.1f} GiB available")
+    mem = meminfo()
+    if mem:
+        print(f"  RAM {mem.get('MemTotal', 0) / GIB:.1f} GiB total, "
+              f"{mem.get('MemAvailable', 0) / GIB:.1f} GiB available")
     # other work on the same machine shows up here, in the wall times above all
     print("  load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
@@ -265,6 +279,9 @@ def json_case(osm: list[str], path: Path, size: int, tmp: Path, timeout: float) 
 def limited(osm: list[str], path: Path, size: int, block: int, tmp: Path,
             timeout: float) -> None:
     limit = 3 * size + GIB
+    if RAM_CAP and RAM_CAP < limit:
+        print(f"  note: the RAM cap ({RAM_CAP / MIB:.0f} MiB) is below this goal's limit and "
+              "replaces it")
     print(f"\n== goal 3: `osm trace BIG.npy --block {block}` under RLIMIT_AS = 3 × file + 1 GiB "
           f"({limit / MIB:.0f} MiB): success, or one Error: line and no table ==")
     cmd = [*osm, "trace", str(path), "--block", str(block)]
@@ -297,14 +314,22 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where to write the files (default: a temporary directory)")
+    parser.add_argument("--ram-cap", type=float, default=0.9, metavar="F",
+                        help="RLIMIT_AS on every child, as a fraction of MemTotal (0: none)")
     args = parser.parse_args()
     n = args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)
     if n < 1 or args.block < 1 or args.timeout <= 0:
         parser.error("--n, --block and --timeout must be positive")
+    if args.ram_cap < 0:
+        parser.error("--ram-cap must be 0 or more")
+    global RAM_CAP
+    RAM_CAP = int(args.ram_cap * meminfo().get("MemTotal", 0))
 
     machine()
     osm = osm_command()
     print(f"  osm: {' '.join(osm)}")
+    print(f"  RLIMIT_AS on every child: "
+          f"{f'{RAM_CAP / GIB:.1f} GiB ({args.ram_cap:g} × MemTotal)' if RAM_CAP else 'none'}")
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench_memory_") as name:

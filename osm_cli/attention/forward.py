@@ -259,8 +259,9 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
         if traced_here:
             steps.append(_trace_step(bounds, before, up, at))
 
-    state = fold(initial_state(qt.shape[:-1], plan.v3.shape[-1], acc), tiles(), step, count,
-                 **step_kw)
+    state = start = initial_state(qt.shape[:-1], plan.v3.shape[-1], acc)
+    for bounds, before, up, state in fold(start, tiles(), step, **step_kw):  # noqa: B007
+        count(bounds, before, up)
     lse, o = finalize(state)
     out5[..., i0:i1, :] = o.reshape(b, hk, g, n, out5.shape[-1])
     lse5[..., i0:i1] = lse.reshape(b, hk, g, n)
@@ -270,13 +271,21 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
 def _trace_step(bounds: tuple, before: State, up: Update | None, at: tuple) -> Step:
     """The traced row's Step for one K/V tile (up None: the mask hid it, nothing changed)."""
     after = before if up is None else up.state
-    o = after.o[at]
+    o = after.o[at].astype(np.float64)
     return Step(
         *bounds, -np.inf if up is None else float(up.block_max[at]), float(before.m[at]),
         float(after.m[at]), 1.0 if up is None else float(up.alpha[at]), float(before.l[at]),
-        float(after.l[at]), masked=up is None, o=o[:O_SHOWN].astype(np.float64),
-        o_norm=float(np.linalg.norm(o.astype(np.float64))),
+        float(after.l[at]), masked=up is None, o=o[:O_SHOWN], o_norm=_norm(o),
     )
+
+
+def _norm(x: np.ndarray) -> float:
+    """‖x‖ without overflow on the way (x near 1e300): scaled by its largest magnitude first."""
+    top = float(np.abs(x).max(initial=0.0))
+    if top == 0:
+        return 0.0
+    with np.errstate(over="ignore"):  # a norm beyond float64 itself is inf, and shown as such
+        return top * float(np.linalg.norm(x / top))
 
 
 def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, lse5,

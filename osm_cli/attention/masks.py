@@ -36,13 +36,14 @@ def scale_q(q: np.ndarray, scale: float, dtype, to: Callable | None = None) -> n
 
 def check_score_range(q4: np.ndarray, k4: np.ndarray, scale: float, dtype, q_max: float,
                       k_max: float) -> None:
-    """InputError when some score scale·q·k, or a partial sum of it, overflows `dtype`, the
+    """InputError when a score scale·q·k, or a partial sum of it, can overflow `dtype`, the
     dtype the scores are computed in (so no run writes NaN from finite inputs).
 
     q4 (B, H, t, d) and k4 (B, Hkv, s, d); q_max, k_max their largest magnitudes. Every partial
-    sum of q·k is at most d·max|q|·max|k|: below the dtype's largest finite value (the usual
-    case) nothing more is done. Above it the largest |scale·q·k| is computed in float64 from
-    Q and K divided by their largest magnitudes, whose products cannot overflow.
+    sum of q·k, in any order, is at most Σ_i |q_i·k_i| ≤ d·max|q|·max|k|: below the dtype's
+    largest finite value (the usual case) nothing more is done. Above it, the largest
+    |scale|·Σ_i |q_i·k_i| is computed in float64 from |Q| and |K| divided by their largest
+    magnitudes (terms that cancel in q·k still overflow on the way).
     Example: Q = K = 1e20 in float32 (d = 4, scale 0.5) -> "scores overflow float32: …2e+40"
     """
     big = math.log(float(np.finfo(dtype).max))
@@ -53,17 +54,17 @@ def check_score_range(q4: np.ndarray, k4: np.ndarray, scale: float, dtype, q_max
         return
     b, hq, t, d = q4.shape
     hk = k4.shape[1]
-    unit_k = np.asarray(k4, dtype=np.float64) / k_max
+    unit_k = np.abs(np.asarray(k4, dtype=np.float64)) / k_max
     top = 0.0
     for h in range(hq):
         kT = unit_k[:, h // (hq // hk)].swapaxes(-1, -2)
         for i0 in range(0, t, 1024):
-            part = np.asarray(q4[:, h, i0:i0 + 1024], dtype=np.float64) / q_max
-            top = max(top, float(np.abs(part @ kT).max(initial=0.0)))
+            part = np.abs(np.asarray(q4[:, h, i0:i0 + 1024], dtype=np.float64)) / q_max
+            top = max(top, float((part @ kT).max(initial=0.0)))
     if top and logs + math.log(top) >= big:
         raise InputError(
-            f"scores overflow {np.dtype(dtype).name}: max |scale·q·k| ≈ "
-            f"{_sci(logs + math.log(top))} (largest finite {math.exp(big):.3g}); scale Q or K "
+            f"scores overflow {np.dtype(dtype).name}: |scale|·Σ|q_i·k_i| reaches "
+            f"≈ {_sci(logs + math.log(top))} (largest finite {math.exp(big):.3g}); scale Q or K "
             "down" + ("" if np.dtype(dtype) == np.float64 else ", or compute in float64")
         )
 

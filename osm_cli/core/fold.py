@@ -10,6 +10,7 @@ Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 -
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -36,12 +37,17 @@ class Trace:
     form: str
     block: int
     row: int
-    steps: tuple[Step, ...]
+    steps: tuple[Step, ...]  # every step, or (keep=K) the first K and the last K
     m: np.ndarray
     l: np.ndarray
     lse: np.ndarray
-    probabilities: np.ndarray
+    probabilities: np.ndarray | None  # None when not asked for (computed later, chunk by chunk)
     rescales: int = 0  # (row, block) steps, over every row, that moved a finite running max
+    n_steps: int | None = None  # how many steps there were (None: len(steps))
+
+    @property
+    def step_count(self) -> int:
+        return len(self.steps) if self.n_steps is None else self.n_steps
 
 
 def block_bounds(n: int, block: int, order: np.ndarray | None = None) -> Iterator[tuple]:
@@ -52,26 +58,56 @@ def block_bounds(n: int, block: int, order: np.ndarray | None = None) -> Iterato
 
 
 def fold(
-    state: State,
-    blocks: Iterable[tuple],
-    step: Callable[..., Update],
-    on_step: Callable[[object, State, Update | None], None] | None = None,
-    **step_kw,
-) -> State:
+    state: State, blocks: Iterable[tuple], step: Callable[..., Update], **step_kw
+) -> Iterator[tuple[object, State, Update | None, State]]:
     """The loop over blocks, once, for trace and attention: fold each block into the state.
 
     blocks yields (key, s, v): s the block's scores (rows, block), v its V rows or None, and
-    s None for a block the mask hides, which is skipped. on_step(key, state before, update)
-    sees every block (update None where skipped); step is state.rescale_step or merge_step,
-    called with step_kw. Returns the final state.
+    s None for a block the mask hides, which is skipped. Yields (key, state before, update,
+    state after) for every block (update None where skipped); step is state.rescale_step or
+    merge_step, called with step_kw. The last state after is the final state.
     """
     for key, s, v in blocks:
         up = None if s is None else step(state, s, v, **step_kw)
-        if on_step is not None:
-            on_step(key, state, up)
-        if up is not None:
-            state = up.state
-    return state
+        after = state if up is None else up.state
+        yield key, state, up, after
+        state = after
+
+
+class Folding:
+    """Online softmax over the rows of `scores` as it happens: iterating yields the traced row's
+    Step for each block, one at a time (so a long trace is never held whole); once done,
+    `state` is the final state of every row and `rescales` counts the (row, block) steps that
+    moved a finite running max. See online_softmax for the arguments."""
+
+    def __init__(self, scores: np.ndarray, block: int = 2, form: str = "rescale", *,
+                 row: int = 0, order: np.ndarray | None = None, threshold: float = 0.0):
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, not {form!r}")
+        if block < 1:
+            raise ValueError("block must be at least 1")
+        self.s2 = np.atleast_2d(scores)
+        self.block, self.form, self.row, self.order = block, form, row, order
+        self.step_kw = {"threshold": threshold} if form == "rescale" else {}
+        self.state = initial_state(self.s2.shape[0], dtype=self.s2.dtype)
+        self.rescales = 0
+
+    def __iter__(self) -> Iterator[Step]:
+        s2, row = self.s2, self.row
+        blocks = ((b, s2[:, b[1]:b[2]], None)
+                  for b in block_bounds(s2.shape[1], self.block, self.order))
+        step = rescale_step if self.form == "rescale" else merge_step
+        for (k, start, stop), prev, up, new in fold(self.state, blocks, step, **self.step_kw):
+            self.rescales += int(np.count_nonzero(moved(prev.m, new.m)))
+            self.state = new
+            yield Step(
+                k, start, stop, float(up.block_max[row]), float(prev.m[row]), float(new.m[row]),
+                float(up.alpha[row]), float(prev.l[row]), float(new.l[row]),
+                values=np.array(s2[row, start:stop]),
+                **{name: None if x is None else float(x[row]) for name, x in (
+                    ("block_m", up.block_m), ("block_l", up.block_l),
+                    ("block_weight", up.block_weight))},
+            )
 
 
 def online_softmax(
@@ -82,42 +118,35 @@ def online_softmax(
     row: int = 0,
     order: np.ndarray | None = None,
     threshold: float = 0.0,
+    keep: int | None = None,
+    with_probabilities: bool = True,
 ) -> Trace:
     """Run online softmax over the rows of `scores` (1-D or 2-D) in blocks of `block` scores.
 
     Returns a Trace whose steps are the traced row's (`row`), and whose m, l, lse and
-    probabilities cover all rows (shaped like the input without / with its last axis).
+    probabilities cover all rows (shaped like the input without / with its last axis). keep=K
+    keeps only the first and last K steps (Trace.n_steps counts them all), and
+    with_probabilities=False leaves the probabilities out: together they bound the memory of a
+    trace of a very long row to its state.
 
     Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 - 5)
     """
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}, not {form!r}")
-    if block < 1:
-        raise ValueError("block must be at least 1")
-    s2 = np.atleast_2d(scores)
-    steps: list[Step] = []
-    rescales = 0
-
-    def record(bounds, prev: State, up: Update) -> None:
-        nonlocal rescales
-        (k, start, stop), new = bounds, up.state
-        rescales += int(np.count_nonzero(moved(prev.m, new.m)))
-        steps.append(Step(
-            k, start, stop, float(up.block_max[row]), float(prev.m[row]), float(new.m[row]),
-            float(up.alpha[row]), float(prev.l[row]), float(new.l[row]),
-            values=s2[row, start:stop],
-            **{name: None if x is None else float(x[row]) for name, x in (
-                ("block_m", up.block_m), ("block_l", up.block_l),
-                ("block_weight", up.block_weight))},
-        ))
-
-    blocks = ((b, s2[:, b[1]:b[2]], None) for b in block_bounds(s2.shape[1], block, order))
-    step_kw = {"threshold": threshold} if form == "rescale" else {}
-    state = fold(initial_state(s2.shape[0], dtype=s2.dtype), blocks,
-                 rescale_step if form == "rescale" else merge_step, record, **step_kw)
+    run = Folding(scores, block, form, row=row, order=order, threshold=threshold)
+    if keep is None:
+        steps = tuple(run)
+        count = len(steps)
+    else:
+        head: list[Step] = []
+        tail: deque[Step] = deque(maxlen=keep)
+        count = 0
+        for st in run:
+            (head if count < keep else tail).append(st)
+            count += 1
+        steps = (*head, *tail)
+    state = run.state
     lse, _ = finalize(state)
-    probs = probabilities(s2, state)
-    if scores.ndim == 1:
-        return Trace(form, block, row, tuple(steps), state.m[0], state.l[0], lse[0], probs[0],
-                     rescales)
-    return Trace(form, block, row, tuple(steps), state.m, state.l, lse, probs, rescales)
+    probs = probabilities(run.s2, state) if with_probabilities else None
+    if np.ndim(scores) == 1:
+        return Trace(form, block, row, steps, state.m[0], state.l[0], lse[0],
+                     None if probs is None else probs[0], run.rescales, count)
+    return Trace(form, block, row, steps, state.m, state.l, lse, probs, run.rescales, count)

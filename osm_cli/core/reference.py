@@ -20,12 +20,27 @@ def stable_softmax(scores: np.ndarray, *, guard: bool = True) -> np.ndarray:
     Example: stable_softmax(np.array([100., 102., 99.])) -> [0.1142, 0.8438, 0.0420]
     """
     s = np.asarray(scores)
+    return stable_from(s, *softmax_stats(s, guard=guard), guard=guard)
+
+
+def softmax_stats(scores: np.ndarray, *, guard: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(m, Σ exp(s − m)) along the last axis (kept as an axis of length 1): what stable_softmax
+    subtracts and divides by. With guard, m is 0 on a row of only -inf. A long row can be
+    summarised a piece at a time: the max of the pieces' m, then the sum of the pieces' sums
+    against it (equal up to the order of the additions)."""
+    s = np.asarray(scores)
     m = s.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if guard:
             m = np.where(np.isneginf(m), np.zeros((), s.dtype), m)
-        e = np.exp(s - m)
-        total = e.sum(axis=-1, keepdims=True)
+        return m, np.exp(s - m).sum(axis=-1, keepdims=True)
+
+
+def stable_from(scores: np.ndarray, m: np.ndarray, total: np.ndarray, *,
+                guard: bool = True) -> np.ndarray:
+    """exp(s − m) / total for scores (or a piece of their rows) and their softmax_stats."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        e = np.exp(np.asarray(scores) - m)
         if guard:
             return np.where(total == 0, np.zeros((), e.dtype), e / np.where(total == 0, 1, total))
         return e / total
@@ -45,10 +60,19 @@ def max_abs_diff(a, b) -> float:
 
 def naive_softmax(scores: np.ndarray) -> np.ndarray:
     """exp(s) / Σ exp(s), as written: inf / inf = nan once exp overflows the dtype."""
-    s = np.asarray(scores)
+    return naive_from(scores, naive_total(scores))
+
+
+def naive_total(scores: np.ndarray) -> np.ndarray:
+    """Σ exp(s) along the last axis (kept), what naive_softmax divides by; inf once it overflows."""
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        e = np.exp(s)
-        return e / e.sum(axis=-1, keepdims=True)
+        return np.exp(np.asarray(scores)).sum(axis=-1, keepdims=True)
+
+
+def naive_from(scores: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """exp(s) / total for scores (or a piece of their rows) and their naive_total."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return np.exp(np.asarray(scores)) / total
 
 
 def logsumexp(scores: np.ndarray) -> np.ndarray:
