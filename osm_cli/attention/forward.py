@@ -14,6 +14,7 @@ Leaves out: files (io/), the reference (reference.py), split-KV (split.py), prin
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -280,12 +281,14 @@ def _trace_step(bounds: tuple, before: State, up: Update | None, at: tuple) -> S
 
 
 def _norm(x: np.ndarray) -> float:
-    """‖x‖ without overflow on the way (x near 1e300): scaled by its largest magnitude first."""
-    top = float(np.abs(x).max(initial=0.0))
-    if top == 0:
-        return 0.0
-    with np.errstate(over="ignore"):  # a norm beyond float64 itself is inf, and shown as such
-        return top * float(np.linalg.norm(x / top))
+    """‖x‖ without overflow on the way (x near 1e300): when the plain norm overflows, again
+    scaled by its largest magnitude first."""
+    with np.errstate(over="ignore"):
+        plain = float(np.linalg.norm(x))
+        top = float(np.abs(x).max(initial=0.0))
+        if math.isfinite(plain) or not math.isfinite(top):
+            return plain
+        return top * float(np.linalg.norm(x / top))  # beyond float64 itself: inf, shown so
 
 
 def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, lse5,

@@ -23,7 +23,7 @@ from osm_cli.present import plot as plots
 from osm_cli.present import stepmode
 from osm_cli.present.attention import progress_bar
 from osm_cli.present.console import consoles
-from osm_cli.present.json import dumps
+from osm_cli.present.json import write_json
 
 out, err = consoles()
 
@@ -70,7 +70,9 @@ def guarded(fn):
 
 
 def emit_json(obj) -> None:
-    sys.stdout.write(dumps(obj) + "\n")
+    """A --json document on stdout, written as it is computed when it is long."""
+    write_json(obj, sys.stdout.write)
+    sys.stdout.write("\n")
 
 
 def need_plot(plot) -> None:

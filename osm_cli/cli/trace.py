@@ -19,6 +19,7 @@ from osm_cli.present import json as documents
 from osm_cli.present import plot as plots
 from osm_cli.present import tables
 from osm_cli.present import trace as render
+from osm_cli.present.format import HEAD
 from osm_cli.reports.trace import trace_report
 
 from .common import check_outputs, emit_json, guarded, need_plot, out, present, save
@@ -82,10 +83,15 @@ def trace(
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
     check_outputs(csv=csv, plot=plot)
+    # the table shows the first and last HEAD steps: a long trace keeps only those (the CSV,
+    # JSON, plot, --all and --step make or need every step)
+    keep = None if show_all or plot or step else HEAD
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
-                       precision=precision and precision.value)
-    save((csv, functools.partial(export.steps_csv, rep.traces), "step table, CSV"),
+                       precision=precision and precision.value, keep=keep)
+    save((csv, lambda: export.steps_csv_chunks(
+              [(t.form, rep.iter_steps(i)) for i, t in enumerate(rep.traces)]),
+          "step table, CSV"),
          (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:
         return emit_json(documents.trace_doc(rep))

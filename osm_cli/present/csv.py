@@ -31,19 +31,36 @@ def _cell(x) -> str:
 
 def _csv(header, rows) -> str:
     """CSV text: the header, then each row of values written by _cell, lines ending in \\n."""
+    return "".join(_csv_chunks(header, rows))
+
+
+def _csv_chunks(header, rows, batch: int = 4096):
+    """The same CSV text as _csv, yielded `batch` rows at a time (a long trace's file is written
+    as it is computed, never held whole)."""
     buf = _io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
-    w.writerows([_cell(x) for x in row] for row in rows)
-    return buf.getvalue()
+    for n, row in enumerate(rows, 1):
+        w.writerow([_cell(x) for x in row])
+        if n % batch == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
 
 
 def steps_csv(traces) -> str:
     """One line per step of each trace (a form column tells --form both's two tables apart)."""
-    return _csv(COLUMNS, (
-        (t.form, i, s.block, s.start, s.stop, s.block_max, s.m_prev, s.m, s.alpha, s.l_prev, s.l,
+    return "".join(steps_csv_chunks([(t.form, t.steps) for t in traces]))
+
+
+def steps_csv_chunks(forms_steps):
+    """steps_csv's text in pieces, from (form, steps) pairs whose steps may be a generator
+    (reports.trace.TraceReport.iter_steps: a long trace's steps made again, never all held)."""
+    return _csv_chunks(COLUMNS, (
+        (form, i, s.block, s.start, s.stop, s.block_max, s.m_prev, s.m, s.alpha, s.l_prev, s.l,
          bool(s.rescaled), s.lazy_skipped, s.block_m, s.block_l, s.block_weight)
-        for t in traces for i, s in enumerate(t.steps)
+        for form, steps in forms_steps for i, s in enumerate(steps)
     ))
 
 
@@ -89,4 +106,7 @@ def sweep_csv(result) -> str:
     return _csv(SWEEP_COLUMNS, map(row, result.rows))
 
 
-__all__ = ["COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "sweep_csv", "tiles_csv"]
+__all__ = [
+    "COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "steps_csv_chunks", "sweep_csv",
+    "tiles_csv",
+]

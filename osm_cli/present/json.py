@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 
 import numpy as np
@@ -56,6 +57,79 @@ def jsonable(obj):
     return obj
 
 
+class Items:
+    """A list written item by item (a long trace's steps): make() yields its items."""
+
+    def __init__(self, make: Callable[[], Iterable]):
+        self.make = make
+
+
+class Pieces:
+    """An array of `shape` (1-D or 2-D) written piece by piece: make() yields (r0, r1, a, b,
+    values) covering it in row order (reports.trace.TraceReport.pieces)."""
+
+    def __init__(self, shape: tuple, make: Callable[[], Iterable]):
+        self.shape, self.make = tuple(shape), make
+
+
+def write_json(obj, write: Callable[[str], object], indent: int | None = 2) -> None:
+    """obj as strict JSON through write(text): dumps(obj) when obj holds no Items or Pieces;
+    else written as it is computed, on one line, as json.dumps would lay out the whole."""
+    if not _streams(obj):
+        write(dumps(obj, indent))
+        return
+    _write(obj, write)
+
+
+def _streams(obj) -> bool:
+    if isinstance(obj, (Items, Pieces)):
+        return True
+    if isinstance(obj, dict):
+        return any(_streams(v) for v in obj.values())
+    return False
+
+
+def _write(obj, write) -> None:
+    if isinstance(obj, dict):
+        write("{")
+        for n, (key, value) in enumerate(obj.items()):
+            write(f"{', ' if n else ''}{json.dumps(key)}: ")
+            _write(value, write)
+        write("}")
+    elif isinstance(obj, Items):
+        write("[")
+        batch: list[str] = []
+        first = True
+        for item in obj.make():
+            batch.append(json.dumps(jsonable(item), allow_nan=False))
+            if len(batch) == 4096:
+                write(("" if first else ", ") + ", ".join(batch))
+                batch, first = [], False
+        if batch:
+            write(("" if first else ", ") + ", ".join(batch))
+        write("]")
+    elif isinstance(obj, Pieces):
+        _write_pieces(obj, write)
+    else:
+        write(json.dumps(jsonable(obj), allow_nan=False))
+
+
+def _write_pieces(obj: Pieces, write) -> None:
+    """A 1-D array as one list; a 2-D one as a list of row lists."""
+    flat = len(obj.shape) == 1
+    n = obj.shape[-1]
+    write("[")
+    for r0, r1, a, b, values in obj.make():
+        for r in range(r0, r1):
+            body = json.dumps(jsonable(np.asarray(values[r - r0])), allow_nan=False)[1:-1]
+            if flat:
+                write((", " if a else "") + body)
+            else:
+                write(("" if a else (", [" if r else "[")) + (", " if a else "") + body
+                      + ("]" if b == n else ""))
+    write("]")
+
+
 def dumps(obj, indent: int | None = 2) -> str:
     """Strict JSON (RFC 8259): no NaN or Infinity literals.
 
@@ -74,13 +148,32 @@ def _state(st) -> dict:
     return {"m_prev": st.m_prev, "m": st.m, "scale": st.alpha, "l_prev": st.l_prev, "l": st.l}
 
 
-def step_doc(st) -> dict:
-    """One block of a traced row (core.record.Step)."""
+def step_doc(st, lazy: bool = False) -> dict:
+    """One block of a traced row (core.record.Step); lazy adds "skipped" (its lazy rescale)."""
     d = {"block": st.block, "start": st.start, "stop": st.stop, "block_max": st.block_max,
          **_state(st), "rescaled": st.rescaled}
     if st.block_l is not None:
         d.update(block_m=st.block_m, block_l=st.block_l, block_weight=st.block_weight)
+    if lazy:
+        d["skipped"] = st.lazy_skipped
     return d
+
+
+STREAM_ABOVE = 1 << 20  # scores: a larger trace's steps and arrays are written as computed
+
+
+def _steps(rep, t: int, lazy: bool = False):
+    """Trace t's steps as step_doc dicts: a list, or for a long trace Items made on demand."""
+    if rep.rows.size > STREAM_ABOVE:
+        return Items(lambda: (step_doc(st, lazy) for st in rep.iter_steps(t)))
+    return [step_doc(st, lazy) for st in rep.iter_steps(t)]
+
+
+def _array(rep, name: str):
+    """A trace report's array `name`: whole, or for a long trace Pieces made on demand."""
+    if rep.rows.size > STREAM_ABOVE:
+        return Pieces(np.shape(rep.scores), lambda: rep.pieces(name))
+    return rep.whole(name)
 
 
 def tile_doc(s) -> dict:
@@ -99,18 +192,18 @@ def trace_doc(rep) -> dict:
         "form": rep.form,
         "row": rep.row,
         "shape": list(rep.scores.shape),
-        "steps": [step_doc(st) for st in t.steps],
+        "steps": _steps(rep, 0, rep.lazy is not None),
         "m": t.m,
         "l": t.l,
         "lse": t.lse,
         "lse_base": "e",
-        "probabilities": t.probabilities,
-        "reference": rep.reference,
-        "naive": rep.naive,
+        "probabilities": _array(rep, "probabilities"),
+        "reference": _array(rep, "reference"),
+        "naive": _array(rep, "naive"),
         "max_abs_diff": float(rep.max_diff.max()),
     }
     if len(rep.traces) == 2:
-        doc["merge_steps"] = [step_doc(st) for st in rep.traces[1].steps]
+        doc["merge_steps"] = _steps(rep, 1)
         doc["forms_max_abs_diff"] = rep.forms_diff
     if rep.in_dtype:
         lt = rep.in_dtype[0]
@@ -122,8 +215,6 @@ def trace_doc(rep) -> dict:
             doc.update(scores_overflowed=lt.rounding.overflowed, overflow_note=lt.overflow_note)
     lazy, check = rep.lazy, rep.check
     if lazy is not None:
-        for d, st in zip(doc["steps"], t.steps, strict=True):
-            d["skipped"] = st.lazy_skipped
         doc.update(
             rescale_threshold=lazy.threshold, threshold_units="natural log",
             rescales=lazy.rescales, rescales_eager=lazy.rescales_eager,
@@ -275,7 +366,7 @@ def cost_doc(c) -> dict:
 
 
 __all__ = [
-    "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc", "cost_doc",
-    "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc", "tile_doc",
-    "trace_doc", "verdict_doc",
+    "Items", "Pieces", "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc",
+    "cost_doc", "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc",
+    "tile_doc", "trace_doc", "verdict_doc", "write_json",
 ]

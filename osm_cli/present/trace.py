@@ -16,7 +16,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .format import VALUES_UP_TO, agreement, arrow, fill, fit, num, values
+from .format import VALUES_UP_TO, agreement, arrow, elided, fill, fit, num, values
 from .stepmode import frame
 from .verdicts import rounding_text
 
@@ -54,10 +54,11 @@ def _step_table(trace, show_all: bool, d: int) -> Group:
     if merge:
         t.add_column("w", **num_col)
     t.add_column("l", **num_col)
-    steps = trace.steps
+    steps, n = trace.steps, trace.step_count
+    half = len(steps) // 2  # a long trace keeps its first and last steps only
 
     def row(i):
-        s = steps[i]
+        s = steps[i] if i < half else steps[len(steps) - (n - i)]
         cells = [str(s.block), f"{s.start}:{s.stop}"]
         cells += [values(s.values)] if show_values else []
         if merge:
@@ -75,7 +76,7 @@ def _step_table(trace, show_all: bool, d: int) -> Group:
         cells += [arrow(s.l_prev, s.l, d)]
         return cells
 
-    return Group(Text(title), fill(t, len(steps), row, show_all))
+    return Group(Text(title), fill(t, n, row, show_all))
 
 
 def trace_header(name: str, n_rows: int, n: int, row: int, block: int) -> Text:
@@ -94,31 +95,35 @@ def final_line(m: float, l: float, lse: float) -> Text:
     )
 
 
-def element_table(scores, online, stable, naive, show_all: bool = False,
-                  width: int = 100) -> Group:
+def element_table(scores, online, stable, naive, show_all: bool = False, width: int = 100, *,
+                  index: Sequence[int] | None = None, n: int | None = None) -> Group:
     """Per-element probabilities: online, one-shot stabilized, naive, and their difference.
 
     Probabilities get 12 significant digits, or fewer (down to 6) as it takes to fit `width`.
+    For a long row the arrays may hold only the elements shown: `index` gives their places in
+    the row and n its length.
     """
-    return fit(lambda d: Group(_element_table(scores, online, stable, naive, show_all, d)),
-                width, (12, 10, 8, 6), part=0)
+    return fit(lambda d: Group(_element_table(scores, online, stable, naive, show_all, d, index,
+                                              n)), width, (12, 10, 8, 6), part=0)
 
 
-def _element_table(scores, online, stable, naive, show_all: bool, d: int) -> Table:
+def _element_table(scores, online, stable, naive, show_all: bool, d: int, index, n) -> Table:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("i", "score", "online p", "stabilized p", "naive p", "|online−stab|", "ulps"):
         t.add_column(name, justify="right")
     diff = np.abs(online - stable)
     with np.errstate(divide="ignore", invalid="ignore"):
         ulps = np.where(diff == 0, 0.0, diff / np.spacing(np.abs(stable)))
+    at = {int(i): k for k, i in enumerate(range(len(scores)) if index is None else index)}
 
     def row(i):
+        k = at[i]
         return [
-            str(i), num(scores[i], 10), num(online[i], d), num(stable[i], d),
-            num(naive[i], 6), num(diff[i], 3), num(ulps[i], 3),
+            str(i), num(scores[k], 10), num(online[k], d), num(stable[k], d),
+            num(naive[k], 6), num(diff[k], 3), num(ulps[k], 3),
         ]
 
-    return fill(t, len(scores), row, show_all)
+    return fill(t, len(scores) if n is None else n, row, show_all)
 
 
 def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
@@ -153,11 +158,13 @@ def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
                      dtype_trace_note(lt, row))
     if rep.forms_diff is not None:
         parts.append(agreement("rescale vs merge", rep.forms_diff))
-    rows = np.atleast_2d(rep.scores)
-    p, stable, naive = (np.atleast_2d(a)[row] for a in (t.probabilities, rep.reference, rep.naive))
-    parts += [element_table(rows[row], p, stable, naive, show_all, width),
+    n_rows, n = rep.rows.shape
+    shown = [i for i in elided(n, show_all) if i is not None]
+    e = rep.elements(shown)
+    parts += [element_table(e["scores"], e["probabilities"], e["reference"], e["naive"],
+                            show_all, width, index=shown, n=n),
               agreement("online vs one-shot stabilized", float(rep.max_diff[row]))]
-    if rows.shape[0] > 1:
+    if n_rows > 1:
         parts.append(rows_table(m, l, lse, rep.max_diff, show_all))
     if rep.lazy is not None:
         lz = rep.lazy
@@ -172,7 +179,7 @@ def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
 def step_frame(headers: Sequence, trace, upto: int, width: int = 100) -> Group:
     """Step mode: the header, the step table up to block `upto` (that row highlighted), a hint."""
     return frame(headers, trace.steps, upto, "block",
-                  lambda shown: step_table(replace(trace, steps=shown), False, width))
+                  lambda shown: step_table(replace(trace, steps=shown, n_steps=None), False, width))
 
 
 def lazy_note(threshold: float) -> Text:
