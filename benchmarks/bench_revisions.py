@@ -8,8 +8,9 @@ interleaved: round by round, each revision's probe runs in its own process, from
 tree (`git archive REV`, on PYTHONPATH), and the best time of each case over the rounds is kept.
 
 The cases are bench_attention.py --quick's: `attention()` fp32, B = 1, H = 8, N = 1024, d = 64,
-full and causal (the trace on, as the CLI runs it; best of --repeats, default 10, within a round), and the whole
-`osm attention` process at H = 1, N = 8192, d = 64: full, --causal and --no-reference.
+full and causal (the trace on, as the CLI runs it; best of --repeats, default 10, within a
+round), and the whole `osm attention` process at H = 1, N = 8192, d = 64: full, --causal and
+--no-reference.
 The last column is the last revision's time over the first's; "no slower" allows 5 % for noise.
 
 A program, not a test: `python benchmarks/bench_revisions.py [REV ...] [--rounds N]`
