@@ -1,10 +1,12 @@
-"""The fused forward (attention/fast.py) against the textbook loop (core.state.rescale_step).
+"""The fused forward (attention/fast.py) against the textbook loop (core.state.rescale_step),
+and the fused float64 reference against the one-shot as written.
 
 The claim is identity, not closeness: the fused loop does the textbook's operations in the same
 order and dtype into reused buffers, so out, lse, every traced Step and every counter must be
 bit for bit the same, in float64 and in float32, under causal masks, windows, user masks, GQA,
 t ≠ s, tiles that do not divide the lengths, rows with no visible key, a lazy-rescale threshold,
 P's rounding and a permuted tile order. One step is also compared with rescale_step directly.
+The reference's two forms must agree the same way, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from osm_cli.attention import reference as reference_module
 from osm_cli.attention.fast import _Tile
 from osm_cli.attention.forward import Attention, attention
+from osm_cli.attention.reference import reference
 from osm_cli.core.state import State, rescale_step
 from osm_cli.precision.model import hooks_for, model, run
 
@@ -157,3 +161,56 @@ def test_one_fused_step_is_rescale_step(dtype, threshold):
     for got, exp in ((tile.m_new, want.state.m), (tile.l, want.state.l), (tile.o, want.state.o),
                      (tile.alpha, want.alpha), (tile.block_max, want.block_max)):
         assert got.dtype == exp.dtype and np.array_equal(got, exp)
+
+
+# ---------------------------------------------------------------------------------------------
+# The float64 reference: _one_shot_fused against _one_shot as written
+
+
+def same_reference(q, k, v, **kw) -> None:
+    fused = reference(q, k, v, **kw)
+    textbook = reference(q, k, v, fused=False, **kw)
+    for a, b in zip(fused, textbook, strict=True):
+        assert a.dtype == b.dtype == np.float64 and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 7])
+@pytest.mark.parametrize("masks", ["none", "causal", "causal top-left", "window", "bool",
+                                   "float"])
+def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
+    """Chunks of query rows as _one_shot cuts them (monkeypatched small: a chunk of one row is
+    a matrix-vector product in BLAS), GQA, t ≠ s, bnhd, float32 inputs, rows with no key."""
+    if chunk is not None:
+        monkeypatch.setattr(reference_module, "_chunk_rows", lambda heads, s: chunk)
+    rng = np.random.default_rng(5)
+    kw: dict = {}
+    if masks.startswith("causal"):
+        kw.update(causal=True, causal_align="top-left" if "top-left" in masks else "bottom-right")
+    if masks == "window":
+        kw["window"] = (3, 0)
+    for b, hq, hk, t, s, d, dv in ((2, 4, 2, 23, 17, 5, 3), (1, 3, 3, 9, 40, 8, 8)):
+        q, k, v = inputs(b, hq, hk, t, s, d, dv, seed=t * s, spread=3.0)
+        if masks == "bool":
+            kw["mask"] = rng.random((b, hq, t, s)) < 0.6
+        if masks == "float":
+            kw["mask"] = np.where(rng.random((t, s)) < 0.3, -np.inf, rng.standard_normal((t, s)))
+        same_reference(q, k, v, **kw)
+        same_reference(q.astype(np.float32), k.astype(np.float32), v, **kw)
+        same_reference(*(x.swapaxes(1, 2) for x in (q, k, v)), layout="bnhd",
+                       **{n: x for n, x in kw.items() if n != "mask"})
+
+
+def test_fused_reference_edges():
+    """No keys at all; one key; one query; many heads on one kv head."""
+    for b, hq, hk, t, s in ((1, 2, 1, 4, 0), (1, 1, 1, 5, 1), (2, 2, 2, 1, 30), (1, 33, 1, 3, 70)):
+        same_reference(*inputs(b, hq, hk, t, s, 4, 2, seed=s), causal=s > 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2)]), st.integers(1, 60),
+       st.integers(1, 60), st.integers(1, 9), st.booleans(),
+       st.sampled_from([None, (0, 0), (5, -1), (-1, 2)]), st.integers(0, 10**6))
+def test_fused_reference_on_random_inputs(b, heads, t, s, d, causal, window, seed):
+    hq, hk = heads
+    same_reference(*inputs(b, hq, hk, t, s, d, 3, seed=seed, spread=1 + seed % 4),
+                   causal=causal, window=window)
