@@ -17,8 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osm_cli.attention import reference as reference_module
-from osm_cli.attention.fast import _Tile
+from osm_cli.attention.fast import _Tile, q_groups
 from osm_cli.attention.forward import Attention, attention
+from osm_cli.attention.options import Hooks, ScoreOptions, Tiling
+from osm_cli.attention.plan import make_plan
 from osm_cli.attention.reference import reference
 from osm_cli.core.state import State, rescale_step
 from osm_cli.precision.model import hooks_for, model, run
@@ -120,6 +122,22 @@ def test_fused_untraced_and_masked_rows():
                                masked_lse=masked_lse)
         same(fused, textbook)
         assert fused.masked_rows == 2 * 2 * 4 and fused.tiles_skipped > 0
+
+
+def test_fused_stacks_unmasked_q_tiles_of_one_head():
+    """One head, no mask: Q tiles run stacked (q_groups), the short last one alone; the numbers,
+    the traced row inside a stack, the counts and the progress calls are those of one at a time."""
+    q, k, v = inputs(1, 1, 1, 1000, 300, 16, 8, np.float32, seed=11)
+    plan = make_plan(q, k, v, ScoreOptions(), Tiling(block_q=64), Hooks(), None)
+    groups = q_groups(plan)
+    assert groups == [tuple(range(0, 960, 64)), (960,)]
+    calls: dict[bool, list] = {True: [], False: []}
+    for fused in (True, False):
+        calls[fused].append(attention(q, k, v, block_q=64, fused=fused, trace_at=(0, 0, 555),
+                                      progress=lambda done, total, f=fused:
+                                      calls[f].append((done, total))))
+    same(calls[True][-1], calls[False][-1])
+    assert calls[True][-2] == (16, 16) and calls[False][-2] == (16, 16)
 
 
 @settings(max_examples=60, deadline=None)

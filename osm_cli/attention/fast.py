@@ -8,10 +8,11 @@ through score_tile's out), and the old and new m swap places instead of being co
 changes are exact by construction: the block max is an fmax reduction (the same maximum, as
 S holds no NaN, and quicker), and the −inf guard is applied to a copy of m_new in place.
 tests/test_fast.py runs both loops and asks for identical bits, traces and counters.
+Unmasked Q tiles with few rows (one head) are stacked and run as one loop (q_groups).
 Leaves out: the merge form and float masks that widen S (forward.py runs those through
 core.state as written), the schedule over Q tiles (forward.py).
 
-Example: fused_q_tile(plan, 0, out5, lse5) fills the rows 0:block_q of out5 and lse5
+Example: fused_q_tiles(plan, (0, 128), out5, lse5) fills the rows 0:256 of out5 and lse5
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from osm_cli.core.record import Step
 from osm_cli.core.state import State, finalize, moved
 
 from .plan import Counts, Plan, q_rows, row_step, tiles
+
+STACK_ROWS = 1024  # query rows a fused step aims for; S is then 512 KiB of float32 (L2-sized)
 
 
 class _Tile:
@@ -73,36 +76,59 @@ class _Tile:
         self.m, self.m_new = self.m_new, self.m
 
 
-def fused_q_tile(plan: Plan, i0: int, out5: np.ndarray, lse5: np.ndarray, *,
-                 threshold: float = 0.0, p_round: Callable | None = None
-                 ) -> tuple[list[Step], Counts]:
-    """forward._q_tile with the rescale form, fused: the query rows i0:i0+bq of out5 and lse5
-    written, the traced row's steps and the counts returned (the same as _q_tile's)."""
+def q_groups(plan: Plan) -> list[tuple[int, ...]]:
+    """The Q tiles (their first rows) in the groups fused_q_tiles runs as one loop.
+
+    Without a mask every Q tile visits every K/V tile alike, so Q tiles of the same length are
+    stacked up to STACK_ROWS rows a step (for one head of 128-row tiles, 8 of them): numpy then
+    pays its per-call cost once for all of them, while each keeps its own matmuls and rows, so
+    the numbers are those of one tile at a time. A causal band, a window or a user's mask makes
+    the tiles differ: one each.
+    """
     b, hk, g = plan.groups
-    qt, n, at = q_rows(plan, i0)
+    size = 1
+    if plan.band is None and plan.user_mask is None:
+        size = max(1, STACK_ROWS // (b * hk * g * plan.bq))
+    whole = [i0 for i0 in plan.q_starts if i0 + plan.bq <= plan.t]
+    short = [(i0,) for i0 in plan.q_starts if i0 + plan.bq > plan.t]
+    return [tuple(whole[i:i + size]) for i in range(0, len(whole), size)] + short
+
+
+def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np.ndarray, *,
+                  threshold: float = 0.0, p_round: Callable | None = None
+                  ) -> tuple[list[Step], Counts]:
+    """forward._q_tile with the rescale form, fused, for the Q tiles of `group` (of one length,
+    from q_groups) stacked: their rows of out5 and lse5 written, the traced row's steps and the
+    counts returned (the same as _q_tile's for each tile, added up)."""
+    b, hk, g = plan.groups
+    rows = [q_rows(plan, i0) for i0 in group]
+    qt = np.stack([r[0] for r in rows])  # (tiles, B·Hkv, g·n, d); K and V broadcast over tiles
+    n = rows[0][1]
+    at = next(((c, *r[2]) for c, r in enumerate(rows) if r[2] is not None), None)
     st = _Tile(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
     steps: list[Step] = []
     counts = Counts()
-    for bounds, s, v in tiles(plan, i0, qt, st.s):
+    for bounds, s, v in tiles(plan, group[0], qt, st.s):
         if s is None:
-            counts.skipped += 1
+            counts.skipped += len(group)
             if at is not None:
                 m, l = st.m[at], st.l[at]
                 steps.append(row_step(bounds, -np.inf, m, m, 1.0, l, l, st.o[at], True))
             continue
         l_prev = st.l[at] if at is not None else None
         st.step(s, v, threshold, p_round)
-        counts.computed += 1
-        counts.row_visits += n
+        counts.computed += len(group)
+        counts.row_visits += n * len(group)
         counts.rescales += int(np.count_nonzero(moved(st.m, st.m_new)))
         if at is not None:
             steps.append(row_step(bounds, st.block_max[at], st.m[at], st.m_new[at],
                                   st.alpha[at], l_prev, st.l[at], st.o[at]))
         st.swap()
     lse, o = finalize(State(st.m, st.l, st.o))
-    out5[..., i0:i0 + n, :] = o.reshape(b, hk, g, n, out5.shape[-1])
-    lse5[..., i0:i0 + n] = lse.reshape(b, hk, g, n)
+    for c, i0 in enumerate(group):
+        out5[..., i0:i0 + n, :] = o[c].reshape(b, hk, g, n, out5.shape[-1])
+        lse5[..., i0:i0 + n] = lse[c].reshape(b, hk, g, n)
     return steps, counts
 
 
-__all__ = ["fused_q_tile"]
+__all__ = ["STACK_ROWS", "fused_q_tiles", "q_groups"]

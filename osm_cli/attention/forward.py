@@ -4,11 +4,12 @@ plan → tile loop → assemble. plan.py checks the inputs once, fixes the tiles
 (each tile's scores from masks.score_tile); `_q_tile` is the inner loop over K/V tiles for one
 Q tile of block_q rows, folding each tile into (m, l, O) by core.fold with core.state's own
 update step, vectorized over batch, heads and the tile's rows; `_assemble` divides by l once
-and shapes the result. fast.py's fused_q_tile is the same loop with the rescale step fused in
+and shapes the result. fast.py's fused_q_tiles is the same loop with the rescale step fused in
 place, bit for bit the same, and what runs by default (Tiling(fused=False): the loop above).
-Q tiles run side by side on a thread per core. Tiles that the causal mask, the window or the
-user's mask hide entirely are skipped and counted (docs/numerics.md#tile-skipping). The N×N
-score matrix is never formed: memory is O(N·d) plus one tile per thread.
+Q tiles run side by side on a thread per core, the heaviest first. Tiles that the causal
+mask, the window or the user's mask hide entirely are skipped and counted
+(docs/numerics.md#tile-skipping). The N×N score matrix is never formed: memory is O(N·d) plus
+one tile per thread.
 
 Conventions: docs/numerics.md#scale, #causal-alignment, #masks, #gqa, #masked-rows.
 Leaves out: files (io/), the reference (reference.py), split-KV (split.py), printing (present/).
@@ -36,7 +37,7 @@ from osm_cli.core.state import (
     rescale_step,
 )
 
-from .fast import fused_q_tile
+from .fast import fused_q_tiles, q_groups
 from .masks import mask_about
 from .options import (
     MASKED_LSE,
@@ -100,18 +101,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions
     out5 = np.zeros((b, hk, g, plan.t, plan.v3.shape[-1]), dtype=plan.accum)
     lse5 = np.zeros((b, hk, g, plan.t), dtype=plan.accum)
     if tiling.fused and _fusable(plan, tiling):
-        def run(i0: int):
-            return fused_q_tile(plan, i0, out5, lse5, threshold=tiling.threshold,
-                                p_round=hooks.p_round)
+        groups = q_groups(plan)
+
+        def run(group: tuple[int, ...]):
+            return fused_q_tiles(plan, group, out5, lse5, threshold=tiling.threshold,
+                                 p_round=hooks.p_round)
     else:
+        groups = [(i0,) for i0 in plan.q_starts]
         step = rescale_step if tiling.form == "rescale" else merge_step
         step_kw = {"p_round": hooks.p_round, **({"threshold": tiling.threshold}
                                                 if tiling.threshold else {})}
 
-        def run(i0: int):
-            return _q_tile(plan, i0, step, step_kw, out5, lse5)
+        def run(group: tuple[int, ...]):
+            return _q_tile(plan, group[0], step, step_kw, out5, lse5)
 
-    trace, counts = _run_q_tiles(plan, run, progress)
+    trace, counts = _run_q_tiles(plan, groups, run, progress)
     return _assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
                      len(plan.q_starts) * len(plan.starts))
 
@@ -125,22 +129,26 @@ def _fusable(plan: Plan, tiling: Tiling) -> bool:
     return tiling.form == "rescale" and not widens
 
 
-def _run_q_tiles(plan: Plan, run: Callable, progress) -> tuple[list[Step], Counts]:
-    """run(i0) for every Q tile, heaviest first, a thread per core; the steps and counts."""
+def _run_q_tiles(plan: Plan, groups: list[tuple[int, ...]], run: Callable,
+                 progress) -> tuple[list[Step], Counts]:
+    """run(group) for every group of Q tiles, heaviest first, a thread per core; the steps and
+    counts. progress(done, total) counts Q tiles."""
     # Q tiles are independent (FA2 gives each its own thread block); numpy and BLAS release the
     # GIL, so a thread per core runs them side by side. Under a causal mask the Q tiles differ
     # in work, so the heaviest go first and the last to finish are the short ones.
-    order = sorted(plan.q_starts, key=plan.tile_work, reverse=True)
+    order = sorted(groups, key=lambda grp: sum(map(plan.tile_work, grp)), reverse=True)
     trace: list[Step] = []
     counts = Counts()
+    done = 0
     workers = max(1, min(len(order), os.cpu_count() or 1))
     # One BLAS thread per worker: OpenBLAS's own threads would fight ours for the same cores.
     with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-        for done, (steps, c) in enumerate(pool.map(run, order), 1):
+        for grp, (steps, c) in zip(order, pool.map(run, order), strict=True):
             trace += steps
             counts += c
+            done += len(grp)
             if progress is not None:
-                progress(done, len(order))
+                progress(done, len(plan.q_starts))
     return trace, counts
 
 
