@@ -140,6 +140,16 @@ def test_fused_stacks_unmasked_q_tiles_of_one_head():
     assert calls[True][-2] == (16, 16) and calls[False][-2] == (16, 16)
 
 
+@pytest.mark.parametrize("shapes", [((0, 2, 5, 4), (0, 2, 6, 4)), ((1, 2, 0, 4), (1, 2, 6, 4)),
+                                    ((1, 2, 5, 4), (1, 2, 0, 4))])
+def test_fused_empty_batch_queries_or_keys(shapes):
+    sq, sk = shapes
+    q, k = np.ones(sq), np.ones(sk)
+    v = np.ones((*sk[:-1], 3))
+    for causal in (False, True):
+        same(*both(q, k, v, causal=causal, trace_at=None))
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]),
        st.integers(1, 70), st.integers(0, 70), st.integers(1, 9), st.integers(1, 40),

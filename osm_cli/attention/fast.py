@@ -88,7 +88,7 @@ def q_groups(plan: Plan) -> list[tuple[int, ...]]:
     b, hk, g = plan.groups
     size = 1
     if plan.band is None and plan.user_mask is None:
-        size = max(1, STACK_ROWS // (b * hk * g * plan.bq))
+        size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
     whole = [i0 for i0 in plan.q_starts if i0 + plan.bq <= plan.t]
     short = [(i0,) for i0 in plan.q_starts if i0 + plan.bq > plan.t]
     return [tuple(whole[i:i + size]) for i in range(0, len(whole), size)] + short
