@@ -11,7 +11,8 @@ The cases are bench_attention.py --quick's: `attention()` fp32, B = 1, H = 8, N 
 full and causal (the trace on, as the CLI runs it; best of --repeats, default 10, within a
 round), and the whole `osm attention` process at H = 1, N = 8192, d = 64: full, --causal and
 --no-reference.
-The last column is the last revision's time over the first's; "no slower" allows 5 % for noise.
+Each revision's time is also given over the first's; the verdict is the last revision's, and
+"no slower" allows 5 % for noise.
 
 A program, not a test: `python benchmarks/bench_revisions.py [REV ...] [--rounds N]`
 (default revisions 78eaf9b^ and HEAD; "." is the working tree as it is).
@@ -109,12 +110,13 @@ def main() -> None:
     for i, rev in enumerate(args.revs):
         print(f"  [{i}] {rev}: {describe(rev)}")
     heads = "".join(f"{f'[{i}]':>10}" for i in range(len(args.revs)))
-    print(f"\n{'best of ' + str(args.rounds) + ' rounds, seconds':40}{heads}   [last]/[0]")
+    ratios = "".join(f"{f'[{i}]/[0]':>10}" for i in range(1, len(args.revs)))
+    print(f"\n{'best of ' + str(args.rounds) + ' rounds, seconds':40}{heads}{ratios}   [last]")
     for case in best[first]:
-        ratio = best[last][case] / best[first][case]
         cells = "".join(f"{best[rev][case]:10.3f}" for rev in args.revs)
-        print(f"  {case:38}{cells}   {ratio:6.3f}×  "
-              f"{'no slower' if ratio <= NOISE else 'SLOWER'}")
+        cells += "".join(f"{best[rev][case] / best[first][case]:9.3f}×" for rev in args.revs[1:])
+        ratio = best[last][case] / best[first][case]
+        print(f"  {case:38}{cells}   {'no slower' if ratio <= NOISE else 'SLOWER'}")
     print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
