@@ -14,18 +14,20 @@ Goals (issue 13, speed items 1 and 2; issue 3's faster-than-naive-numpy is kept)
   4. `osm attention` at H = 1, N = 32768, d = 64 with the reference check: at most 15 s wall and
      1 GiB peak memory (the child's ru_maxrss from os.wait4).
 
-Each contender runs once untimed, then the contenders take turns, round by round, and the best of
-the rounds is kept (--repeats, default 5), so that load from other work on the same cores falls on
-all of them alike. Beside osm's fused loops (attention/fast.py, reference._one_shot_fused) the
-textbook forms run too (fused=False), and the benchmark says whether their outputs are identical
-on these inputs. The schedule section times the fused forward run four ways (threads over Q
-tiles or not, BLAS threads or not), to show whether attention()'s choice is the best one here.
+Each contender runs once untimed, then the contenders of a section (full and causal together)
+take turns, round by round, and the best of the rounds is kept (--repeats, default 7), so that
+load from other work on the same cores falls on all of them alike. Beside osm's fused loops
+(attention/fast.py, reference._one_shot_fused) the textbook forms run too (fused=False), and the
+benchmark says whether their outputs are identical on these inputs. The schedule section times
+the fused forward four ways (threads over Q tiles or not, BLAS threads or not), to show whether
+attention()'s choice is the best one here.
 The BLAS kernels are printed first: the environment may pin OpenBLAS (numpy's BLAS, which osm
 uses) to a core type with OPENBLAS_CORETYPE, while PyTorch brings its own MKL/oneDNN, so the two
 are not always running the same instruction set.
 
-A program, not a test: `python benchmarks/bench_attention.py [--quick] [--repeats R]`
-(--quick: N = 1024 for the forward, H = 4, N = 2048 for the reference, N = 8192 for the CLI).
+A program, not a test: `python benchmarks/bench_attention.py [--quick] [--repeats R]
+[--only forward,schedule,reference,cli]` (--quick: N = 1024 for the forward, H = 4, N = 2048 for
+the reference, N = 8192 for the CLI; --only: those sections, to rerun one that load disturbed).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ GOAL_VS_TORCH = 1.5
 GOAL_CAUSAL = 0.55
 GOAL_REFERENCE = 1.2
 GOAL_CLI_S = 15.0
-REPEATS = 5
+REPEATS = 7
 CLI_ROUNDS = 2
 THREADS = os.cpu_count() or 1
 
@@ -137,32 +139,32 @@ def forward(torch, n: int, repeats: int, h: int = 8, d: int = 64) -> None:
     print(f"\n== forward, fp32, B = 1, H = {h}, N = {n}, d = {d} (best of {repeats}) ==")
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, h, n, d), dtype=np.float32) for _ in range(3))
-    times: dict[str, float] = {}
-    for causal in (False, True):
+    contenders = {}
+    for causal in (False, True):  # full and causal in the same rounds: their ratio is a goal
         tag = "causal" if causal else "full"
-        contenders = {
-            "osm": lambda c=causal: attention(q, k, v, causal=c),
-            "osm untraced": lambda c=causal: attention(q, k, v, causal=c, trace_at=None),
-            "osm textbook": lambda c=causal: attention(q, k, v, causal=c, fused=False),
-            "numpy": lambda c=causal: naive_numpy(q, k, v, c),
-        }
+        contenders.update({
+            f"osm {tag}": lambda c=causal: attention(q, k, v, causal=c),
+            f"osm untraced {tag}": lambda c=causal: attention(q, k, v, causal=c, trace_at=None),
+            f"osm textbook {tag}": lambda c=causal: attention(q, k, v, causal=c, fused=False),
+            f"numpy {tag}": lambda c=causal: naive_numpy(q, k, v, c),
+        })
         if torch is not None:
-            contenders["torch"] = lambda c=causal: sdpa(torch, q, k, v, c)
-        best, outs = best_of(contenders, repeats)
-        times.update({f"{name} {tag}": t for name, t in best.items()})
-        res = outs["osm"]
-        same = identical(res, outs["osm textbook"])
-        print(f"  osm attention()   {tag:6}  {best['osm']:8.3f} s   "
+            contenders[f"torch {tag}"] = lambda c=causal: sdpa(torch, q, k, v, c)
+    times, outs = best_of(contenders, repeats)
+    for tag in ("full", "causal"):
+        res = outs[f"osm {tag}"]
+        same = identical(res, outs[f"osm textbook {tag}"])
+        print(f"  osm attention()   {tag:6}  {times[f'osm {tag}']:8.3f} s   "
               f"tiles {res.tiles_computed} computed, {res.tiles_skipped} skipped")
-        print(f"  osm, no trace     {tag:6}  {best['osm untraced']:8.3f} s")
-        print(f"  osm, textbook     {tag:6}  {best['osm textbook']:8.3f} s   "
+        print(f"  osm, no trace     {tag:6}  {times[f'osm untraced {tag}']:8.3f} s")
+        print(f"  osm, textbook     {tag:6}  {times[f'osm textbook {tag}']:8.3f} s   "
               f"(fused=False) out, lse, counters and trace {'identical' if same else 'DIFFER'}")
         if torch is not None:
-            print(f"  torch SDPA        {tag:6}  {best['torch']:8.3f} s   "
-                  f"max |osm - torch| {np.abs(res.out - outs['torch']).max():.2e}")
-        print(f"  naive numpy       {tag:6}  {best['numpy']:8.3f} s   "
-              f"max |osm - numpy| {np.abs(res.out - outs['numpy']).max():.2e}")
-        del outs, res
+            print(f"  torch SDPA        {tag:6}  {times[f'torch {tag}']:8.3f} s   "
+                  f"max |osm - torch| {np.abs(res.out - outs[f'torch {tag}']).max():.2e}")
+        print(f"  naive numpy       {tag:6}  {times[f'numpy {tag}']:8.3f} s   "
+              f"max |osm - numpy| {np.abs(res.out - outs[f'numpy {tag}']).max():.2e}")
+    del outs
     print("  ratios (lower is better for osm):")
     for tag in ("full", "causal"):
         if torch is not None:
@@ -313,14 +315,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--only", default="forward,schedule,reference,cli",
+                        help="the sections to run, comma-separated (to rerun one disturbed)")
     args = parser.parse_args()
+    only = set(args.only.split(","))
     torch = environment()
     # other work on the same cores shows up here; a load near the core count skews the ratios
     print("  load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    forward(torch, 1024 if args.quick else 4096, args.repeats)
-    schedules(1024 if args.quick else 4096, args.repeats)
-    reference_vs_torch(torch, 4, 2048 if args.quick else 8192, args.repeats)
-    cli(8192 if args.quick else 32768, CLI_ROUNDS)
+    if "forward" in only:
+        forward(torch, 1024 if args.quick else 4096, args.repeats)
+    if "schedule" in only:
+        schedules(1024 if args.quick else 4096, args.repeats)
+    if "reference" in only:
+        reference_vs_torch(torch, 4, 2048 if args.quick else 8192, args.repeats)
+    if "cli" in only:
+        cli(8192 if args.quick else 32768, CLI_ROUNDS)
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
