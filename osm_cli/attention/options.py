@@ -83,10 +83,13 @@ class Tiling:
 
 @dataclass(frozen=True)
 class Hooks:
-    """What a precision model changes in the forward (precision/model.py)."""
+    """What a precision model changes in the forward and backward (precision/model.py)."""
 
     accum: object = None  # the state's dtype; None: float64 for float64 inputs, else float32
-    p_round: Callable | None = None  # rounds P before P·V
+    p_round: Callable | None = None  # rounds P before P·V (backward: before Pᵀ·dO)
+    ds_round: Callable | None = None  # backward: rounds dS before dS·K and dSᵀ·Q
+    head_round: Callable | None = None  # backward, GQA: rounds each query head's dK and dV
+    # before the group's sum (FA2 writes them per head, then sums)
 
 
 _RECORDS = (ScoreOptions, Tiling, Hooks)

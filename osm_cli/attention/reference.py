@@ -1,5 +1,5 @@
-"""The one-shot attention reference: softmax(scale·Q·Kᵀ + mask)·V and its LSE, and the errors
-of a run against it.
+"""The one-shot attention references: softmax(scale·Q·Kᵀ + mask)·V and its LSE, its gradients
+in closed form, and the errors of a run against them.
 
 Computed in float64 a chunk of query rows at a time (the full t × s matrix is never held),
 with the same score_tile, masks and GQA head map as the tiled forward. With `rnd` each op is
@@ -20,7 +20,7 @@ from osm_cli.core.reference import logsumexp, max_abs_diff, stable_softmax
 from .forward import Attention
 from .masks import check_score_range, make_band, scale_q, score_tile
 from .options import MASKED_LSE, ScoreOptions, split_options
-from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_head
+from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_head, like_bhnd
 
 
 def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None = None,
@@ -74,6 +74,63 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
     return out, lse
 
 
+def reference_backward(q, k, v, do, opts: ScoreOptions | None = None, *,
+                       rnd: Callable | None = None, carry=np.float64,
+                       **options) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The float64 gradients (dq, dk, dv) of reference()'s output for the upstream gradient do,
+    in closed form, shaped like q, k, v (docs/numerics.md#backward).
+
+    A chunk of query rows at a time, as the forward reference: S and P = softmax(S) for the chunk,
+    O = P·V, D = rowsum(dO ∘ O), dP = dO·Vᵀ, dS = P ∘ (dP − D); then dQ = scale·dS·K for the
+    chunk and dK += scale·dSᵀ·Q, dV += Pᵀ·dO. GQA: each kv head's dK and dV sum its query heads'.
+    With rnd and carry each op is rounded instead, as autograd does through plain same-dtype
+    attention (precision/model.py's plain_backward): P·V, dO·Vᵀ, Pᵀ·dO, the softmax derivative
+    (whose D is then rowsum(dP ∘ P)), dS·K, dSᵀ·(Q·scale), the scale's product and GQA's sum.
+    """
+    if options or opts is None:
+        opts = split_options(options, opts)[0]
+    q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
+    b, hq, t, d = q4.shape
+    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    carry = np.dtype(carry)
+    to = rnd or (lambda x: np.asarray(x, dtype=carry))
+    do4 = to(like_bhnd(do, "dO", (b, hq, t, dv), opts.layout))
+    q_max, k_max = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K")))
+    check_finite(do4, "dO")
+    scale = opts.scale_for(d)
+    check_score_range(q4, k4, scale, carry, q_max, k_max)
+    heads = kv_head(np.arange(hq), hq, hk)
+    band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
+    mask = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask), (b, hq, t, s))
+    qs = scale_q(q4, scale, carry, rnd)
+    kh, vh = to(k4[:, heads]), to(v4[:, heads])
+    dq = np.zeros((b, hq, t, d), carry)
+    dk, dvh = np.zeros((b, hq, s, d), carry), np.zeros((b, hq, s, dv), carry)
+    chunk = max(1, (1 << 22) // max(1, b * hq * s))
+    kT, vT = kh.swapaxes(-1, -2), vh.swapaxes(-1, -2)
+    for i0 in range(0, t if s else 0, chunk):
+        i1 = min(t, i0 + chunk)
+        sc = score_tile(qs[..., i0:i1, :], kT, None if band is None else band.visible(i0, i1, 0, s),
+                        None if mask is None else mask[..., i0:i1, :], rnd)
+        p = to(stable_softmax(sc))
+        g = do4[..., i0:i1, :]
+        dp = to(g @ vT)
+        # D: rowsum(dO ∘ O) in closed form; autograd's softmax derivative takes rowsum(dP ∘ P)
+        d_row = np.einsum("...d,...d->...", g, p @ vh) if rnd is None else (dp * p).sum(-1)
+        ds = to(p * (dp - d_row[..., None]))
+        dq[..., i0:i1, :] = to(to(ds @ kh) * carry.type(scale))
+        # dK = scale·dSᵀ·Q = dSᵀ·(Q·scale); the sum over chunks is one matmul's, rounded once
+        dk += ds.swapaxes(-1, -2) @ qs[..., i0:i1, :]
+        dvh += p.swapaxes(-1, -2) @ g
+    dk, dvh = to(dk), to(dvh)
+    group = (b, hk, hq // hk)
+    dk = to(dk.reshape(*group, s, d).sum(axis=2))
+    dvh = to(dvh.reshape(*group, s, dv).sum(axis=2))
+    lay = opts.layout
+    return (from_bhnd(dq, np.ndim(q), lay), from_bhnd(dk, np.ndim(k), lay),
+            from_bhnd(dvh, np.ndim(v), lay))
+
+
 def errors(res: Attention, ref_out: np.ndarray, ref_lse: np.ndarray) -> dict:
     """Max abs and max relative (to max |ref|) error of O, max abs error of LSE.
 
@@ -89,4 +146,4 @@ def errors(res: Attention, ref_out: np.ndarray, ref_lse: np.ndarray) -> dict:
     }
 
 
-__all__ = ["errors", "reference"]
+__all__ = ["errors", "reference", "reference_backward"]

@@ -38,19 +38,24 @@ from .options import (
     PLOT_LIMIT,
     AccumOpt,
     Align,
+    BatchOpt,
     BlockQOpt,
     CausalAlignOpt,
     CausalOpt,
     CsvOpt,
     DtypeOpt,
+    HeadOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
     MaskedLse,
     MaskOpt,
+    NoReferenceOpt,
     PrecisionOpt,
+    QueryOpt,
     ScaleOpt,
     SeedOpt,
+    ShowAllOpt,
     StepOpt,
     TileOrder,
     UpdateForm,
@@ -80,17 +85,15 @@ def attention(
     form: Annotated[
         UpdateForm, typer.Option("--form", help="Update form of the online step.")
     ] = UpdateForm.rescale,
-    batch: Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")] = 0,
-    head: Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")] = 0,
-    query: Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")] = 0,
+    batch: BatchOpt = 0,
+    head: HeadOpt = 0,
+    query: QueryOpt = 0,
     out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
     lse_path: Annotated[
         str | None, typer.Option("--lse", help="Write LSE (natural log) to this .npy.")
     ] = None,
-    no_reference: Annotated[
-        bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
-    ] = False,
-    show_all: Annotated[bool, typer.Option("--all", help="Show every tile and component.")] = False,
+    no_reference: NoReferenceOpt = False,
+    show_all: ShowAllOpt = False,
     splits: Annotated[
         int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
                                  "each to (O, LSE), merge, compare with the unsplit run.")

@@ -141,3 +141,11 @@ BlockQOpt = Annotated[
 ValuesOpt = Annotated[
     str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
 ]
+# The traced row of attention and backward.
+BatchOpt = Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")]
+HeadOpt = Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")]
+QueryOpt = Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")]
+NoReferenceOpt = Annotated[
+    bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
+]
+ShowAllOpt = Annotated[bool, typer.Option("--all", help="Show every tile and component.")]

@@ -1,10 +1,11 @@
-"""The one step record: a block of scores, or an attention K/V tile, folded into the state.
+"""The step records: a block of scores or an attention K/V tile folded into the state (`Step`),
+and a tile of the backward pass (`GradStep`).
 
 `osm trace` records one `Step` per block of the traced row, `osm attention` one per K/V tile
 of the traced query row; the tables, the JSON, the CSV and step mode all read these records.
 The fields are the state before and after the step (m_prev → m, l_prev → l), the rescale
-factor alpha = exp(m_prev − m) and what the step saw. The backward pass's tiles will be
-recorded with the same field names.
+factor alpha = exp(m_prev − m) and what the step saw. The backward pass's tiles share the
+field names where the idea is the same (block, start, stop, masked).
 
 Leaves out: computing the step (state.py), turning it into text (present/).
 
@@ -64,4 +65,27 @@ class Step:
         return bool(kept(self.block_max, self.m_prev, self.m))
 
 
-__all__ = ["Step"]
+@dataclass(frozen=True)
+class GradStep:
+    """One tile of the backward pass as a traced key row or query row saw it.
+
+    Key trace (dK_j, dV_j of one key, accumulating over the Q tiles): start:stop are the Q
+    tile's query rows, dk_norm and dv_norm ‖dK_j‖ and ‖dV_j‖ after the tile. Query trace (dQ_i,
+    accumulating over the K/V tiles): start:stop are the tile's keys, dq_norm ‖dQ_i‖ after it.
+    p_max is the largest recomputed P = exp(S − LSE) the traced row or key saw in the tile and
+    ds_sum Σ dS over it (0 and 0 for a tile the mask hides: masked, skipped as in the forward).
+    The norms include the score scale: they are of the gradients as finally written.
+    """
+
+    block: int
+    start: int
+    stop: int
+    masked: bool
+    p_max: float
+    ds_sum: float
+    dk_norm: float | None = None
+    dv_norm: float | None = None
+    dq_norm: float | None = None
+
+
+__all__ = ["GradStep", "Step"]

@@ -224,6 +224,39 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(arr for arr, _ in named)
 
 
+# the names a bundle may give each tensor of the backward (the first is osm's own)
+BACKWARD_NAMES = {"do": ("do", "dout", "grad_out"), "out": ("o", "out"), "lse": ("lse",)}
+
+
+def load_backward(paths: list[str]) -> dict[str, np.ndarray]:
+    """osm backward's inputs: Q K V DO as four .npy files, or one .npz holding q, k, v, do and
+    optionally the forward's o (or out) and lse; a dict with keys q, k, v, do (, out, lse)."""
+    if len(paths) == 4:
+        q, k, v = load_qkv(paths[:3])
+        do = load_array(Path(paths[3]))
+        check_real(do, paths[3])
+        return {"q": q, "k": k, "v": v, "do": do}
+    if len(paths) != 1:
+        raise InputError(f"expected Q K V DO (four .npy files) or one .npz holding q, k, v, do; "
+                         f"got {len(paths)} files")
+    q, k, v = load_qkv(paths)
+    path = Path(paths[0])
+    with np.load(path, allow_pickle=False) as z:
+        names = set(z.files)
+    got = {"q": q, "k": k, "v": v}
+    for key, aliases in BACKWARD_NAMES.items():
+        name = next((a for a in aliases if a in names), None)
+        if name is None:
+            continue
+        arr = load_array(path, key=name)
+        check_real(arr, f"{path}: {name}")
+        got[key] = arr
+    if "do" not in got:
+        raise InputError(f"{path}: has no array 'do' (the upstream gradient dO); it has "
+                         f"{', '.join(sorted(names))}")
+    return got
+
+
 def is_qkv(paths: list[str]) -> bool:
     """Three files, or one .npz holding q, k and v: Q/K/V (else, for osm sweep, scores)."""
     if len(paths) == 3:

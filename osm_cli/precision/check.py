@@ -55,6 +55,17 @@ class CheckReport:
     rows_over: int
     total_rows: int
     hint: str = ""
+    grads: tuple = ()  # gradcheck.GradCheck per gradient judged (dq, dk, dv given)
+
+    @property
+    def passed(self) -> bool:
+        """The output, its LSE and every gradient judged pass."""
+        return self.verdict.passed and all(g.rule.passed for g in self.grads)
+
+    @property
+    def worst_grad(self):
+        """The gradient nearest its bound (or furthest past it); None without gradients."""
+        return max(self.grads, key=lambda g: g.severity, default=None)
 
 
 def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarray:
@@ -68,17 +79,28 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
                    f"{tuple(ref_lse.shape)}")
 
 
-def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = True,
-          opts: ScoreOptions | None = None, **options) -> CheckReport:
-    """Judge an external kernel's output (and LSE) for inputs q, k, v in `dtype`.
+def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, top: int = 5,
+          with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
+          **options) -> CheckReport:
+    """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
 
     dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
-    causal, scale, layout, causal_align, window, mask) as attention's.
-    Example: check(o, q, k, v, "fp16", lse=lse, causal=True).verdict.passed
+    causal, scale, layout, causal_align, window, mask) as attention's. dq, dk, dv (any of them)
+    are the kernel's gradients for the upstream gradient do, judged by FlashAttention's backward
+    rule `grad_rule` (gradcheck.GRAD_RULES).
+    Example: check(o, q, k, v, "fp16", lse=lse, causal=True).passed
     """
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
-    (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, dt)
+    given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv)) if g is not None}
+    if given and do is None:
+        raise OsmError("judging gradients needs dO, the upstream gradient they were computed "
+                       "for")
+    if do is not None and not given:
+        raise OsmError("dO was given but no gradient to judge (dQ, dK or dV)")
+    arrays = {"Q": q, "K": k, "V": v, **({} if do is None else {"dO": do})}
+    rounded, notes = round_inputs(arrays, dt)
+    q, k, v = rounded[:3]
     out = np.asarray(out)
     if out.dtype.kind not in "f" and out.dtype not in (
             DTYPES["bfloat16"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]):
@@ -98,15 +120,22 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
         m = model(dtype_name(dt))
         model_err = max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
                                        opts=opts).out - ref)
-    rows, heads, over = _worst(out, ref_d, lse_err, verdict, dt, opts.layout, top)
+    rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, opts.layout, top)
+    grads = ()
+    if given:
+        from .gradcheck import check_grads  # the backward's reference, only when judged
+
+        grads = check_grads(q, k, v, rounded[3], dt, given, opts, top=top,
+                            with_model=with_model, rule=grad_rule)
     return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
                        int(np.count_nonzero(over)), int(over.size),
-                       "" if verdict.passed else _hint(out, dt))
+                       "" if verdict.passed else _hint(out, dt), grads)
 
 
-def _worst(out, ref_d, lse_err, verdict: Verdict, dt, layout: str, top: int):
+def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
     """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), and
-    which rows are over the rule's bound (NaN counts as over)."""
+    which rows are over the rule's bound (NaN counts as over). out may be a gradient too (dK's
+    rows are keys)."""
     ref_rows = as_bhnd(ref_d, layout, "ref")
     diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_rows)
     row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
@@ -114,7 +143,7 @@ def _worst(out, ref_d, lse_err, verdict: Verdict, dt, layout: str, top: int):
         row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
     if lse_err is not None:
         lse_err = as_bhnd(lse_err[..., None], layout, "LSE")[..., 0]
-    over = ~(row_err <= verdict.rule.bound)
+    over = ~(row_err <= bound)
     rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
     rows = []
     for flat in np.argsort(-rank, kind="stable")[:top]:

@@ -6,6 +6,7 @@ as inf / -inf, which Python, numpy and pandas read back. Leaves out: writing the
 Example: steps_csv([trace]) -> "form,block,start,stop,block_max,m_prev,m,alpha,l_prev,l,...\\n"
          tiles_csv(attention_result) -> "batch,head,query,step,tile,start,stop,skipped,...\\n"
          sweep_csv(sweep_result) -> "block,tiles,skipped,rescales,max_error,lse_error,...\\n"
+         grad_trace_csv(backward_result) -> "trace,batch,head,row,tile,start,stop,...\\n"
 """
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ def tiles_csv(res) -> str:
     ))
 
 
+GRAD_COLUMNS = (
+    "trace", "batch", "head", "row", "tile", "start", "stop", "masked", "p_max", "ds_sum",
+    "dk_norm", "dv_norm", "dq_norm",
+)
+
+
+def grad_trace_csv(res) -> str:
+    """osm backward --csv: one line per tile of both traces (core.record.GradStep records).
+    trace "key": key row `row` of kv head `head`, its tiles the Q tiles (start:stop are query
+    rows); trace "query": query row `row` of head `head`, its tiles the K/V tiles (keys)."""
+    b, h, i = res.traced
+    traces = ((("key", b, res.kv_head, res.traced_key), res.key_trace),
+              (("query", b, h, i), res.query_trace))
+    return _csv(GRAD_COLUMNS, (
+        (*who, s.block, s.start, s.stop, s.masked, s.p_max, s.ds_sum, s.dk_norm, s.dv_norm,
+         s.dq_norm)
+        for who, steps in traces for s in steps))
+
+
 SWEEP_COLUMNS = (
     "block", "tiles", "skipped", "rescales", "max_error", "lse_error", "tile_bytes", "fits",
     "hbm_tiled", "hbm_skipping", "hbm_standard", "row_visits",
@@ -107,6 +127,6 @@ def sweep_csv(result) -> str:
 
 
 __all__ = [
-    "COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "steps_csv_chunks", "sweep_csv",
-    "tiles_csv",
+    "COLUMNS", "GRAD_COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "grad_trace_csv", "steps_csv",
+    "steps_csv_chunks", "sweep_csv", "tiles_csv",
 ]

@@ -270,13 +270,17 @@ def attention_doc(rep) -> dict:
     return doc
 
 
+def rule_doc(r) -> dict | None:
+    """One rule (precision.rule.Rule): the error, plain attention's, the rounding term, the
+    bound and the verdict."""
+    return None if r is None else {
+        "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
+        "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
+
+
 def verdict_doc(v) -> dict:
     """A verdict (precision.Verdict): errors against float64 and FlashAttention's test rule."""
-    def rule(r):
-        return None if r is None else {
-            "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
-            "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
-
+    rule = rule_doc
     return {
         "dtype": v.dtype, "max_err_vs_fp64": v.err, "plain_max_err_vs_fp64": v.plain_err,
         "max_lse_err_vs_fp64": v.lse_err, "plain_max_lse_err_vs_fp64": v.plain_lse_err,
@@ -303,7 +307,58 @@ def check_doc(rep) -> dict:
         "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
         "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
         "hint": rep.hint or None,
+        **({"gradients": [grad_check_doc(g) for g in rep.grads],
+            "worst_gradient": rep.worst_grad.name, "passed": rep.passed} if rep.grads else {}),
     }
+
+
+def grad_check_doc(g) -> dict:
+    """One gradient judged (precision.gradcheck.GradCheck)."""
+    k = g.rule
+    terms = [f"{k.k_pt:g}*max|pt - ref|"] + (
+        [f"{k.k_round:g}*max|(ref + 0.3 - 0.3) - ref|"] if k.k_round else [])
+    rows = [{"batch": r.batch, "head": r.head, "row": r.query, "err": r.err, "ulps": r.ulps}
+            for r in g.rows]
+    return {
+        "gradient": g.name, "rule": f"max|{g.name} - ref| <= " + " + ".join(terms),
+        **rule_doc(k), "max_err_vs_fp64": g.err64, "plain_max_err_vs_fp64": g.plain_err64,
+        "model_max_err_vs_fp64": g.model_err, "rows_over_bound": g.rows_over,
+        "rows": g.total_rows, "worst_rows": rows, "worst_heads": [vars(h) for h in g.heads],
+    }
+
+
+def grad_step_doc(s) -> dict:
+    """One tile of a backward trace (core.record.GradStep)."""
+    return {k: v for k, v in vars(s).items() if v is not None}
+
+
+def backward_doc(rep) -> dict:
+    """osm backward --json (reports.backward.BackwardReport)."""
+    r = rep.result
+    b, h, i = r.traced
+    d = np.asarray(r.delta, dtype=np.float64)
+    doc = {
+        "shape_q": list(r.shape_q), "shape_k": list(r.shape_k), "shape_v": list(r.shape_v),
+        "scale": r.scale, "causal": r.causal, "causal_align": r.align,
+        "window": None if r.window is None else list(r.window), "mask": r.mask,
+        "own_forward": r.own_forward, "block_q": r.block_q, "block_k": r.block_k,
+        "tiles_computed": r.tiles_computed, "tiles_skipped": r.tiles_skipped,
+        "tiles_total": r.tiles_total, "masked_rows": r.masked_rows,
+        "delta_min": float(d.min(initial=0.0)), "delta_max": float(d.max(initial=0.0)),
+        "errors": rep.errors,
+        "traced": {"batch": b, "head": h, "query": i, "key": r.traced_key, "kv_head": r.kv_head},
+        "key_trace": [grad_step_doc(s) for s in r.key_trace],
+        "query_trace": [grad_step_doc(s) for s in r.query_trace],
+        "traced_rows": {n: np.asarray(x, dtype=np.float64) for n, x in rep.traced_rows.items()},
+        "reference_rows": rep.ref_rows,
+    }
+    if rep.model is not None:
+        doc["precision"] = {
+            "dtype": rep.model.name, "accum": rep.model.accum.name,
+            "model": rep.model.describe_backward(), "inputs": [vars(n) for n in rep.notes],
+            "gradients": [grad_check_doc(g) for g in rep.verdicts],
+        }
+    return doc
 
 
 def sweep_doc(res, name: str, accum: str) -> dict:
@@ -366,7 +421,8 @@ def cost_doc(c) -> dict:
 
 
 __all__ = [
-    "Items", "Pieces", "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc",
+    "Items", "Pieces", "attention_doc", "attention_summary", "attention_sweep_doc",
+    "backward_doc", "check_doc", "grad_check_doc",
     "cost_doc", "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc",
     "tile_doc", "trace_doc", "verdict_doc", "write_json",
 ]
