@@ -108,7 +108,7 @@ def attention_backward(
         out, lse = fwd.out, fwd.lse
     plan = _plan(q, k, v, opts, tiling, hooks, trace_at)
     s = plan.k3.shape[1]
-    if trace_at is not None and not 0 <= trace_key < s:
+    if trace_at is not None and s and not 0 <= trace_key < s:
         raise InputError(f"traced key {trace_key} is outside K's {s} keys")
     saved, lse4 = _saved(plan, q, do, out, lse, opts.layout)
     grads = _loop(plan, saved, hooks, trace_key if trace_at is not None else -1, progress)
@@ -264,13 +264,14 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
     hq, t, s = hk * g, plan.t, plan.k3.shape[1]
     scale = plan.scale
     acc = plan.accum
-    dq = (grads.dq * acc.type(scale)).reshape(b, hq, t, -1)
+    d, dv_dim = grads.dq.shape[-1], grads.dv.shape[-1]
+    dq = (grads.dq * acc.type(scale)).reshape(b, hq, t, d)
     dk_h = grads.dk * acc.type(scale)
     dv_h = grads.dv
     if hooks.head_round is not None and g > 1:
         dk_h, dv_h = hooks.head_round(dk_h), hooks.head_round(dv_h)
-    dk = dk_h.sum(axis=1).reshape(b, hk, s, -1)
-    dv = dv_h.sum(axis=1).reshape(b, hk, s, -1)
+    dk = dk_h.sum(axis=1).reshape(b, hk, s, d)
+    dv = dv_h.sum(axis=1).reshape(b, hk, s, dv_dim)
     nq, nk, nv = np.ndim(q), np.ndim(k), np.ndim(v)
     lay = opts.layout
     d_out = from_bhnd(saved.d.reshape(b, hq, t)[..., None], nq, lay)[..., 0]

@@ -24,7 +24,7 @@ def backward_summary(rep) -> Table:
     r = rep.result
     window = "none" if r.window is None else f"left {r.window[0]}, right {r.window[1]}"
     d = np.asarray(r.delta, dtype=np.float64)
-    forward = ("osm's own (give --o and --lse for a kernel's saved O and LSE)" if r.own_forward
+    forward = ("osm's own (--o and --lse take a kernel's saved O and LSE)" if r.own_forward
                else "given O and LSE (a kernel's saved forward)")
     rows = [
         ("shapes", f"Q {r.shape_q}  K {r.shape_k}  V {r.shape_v}"),
@@ -33,10 +33,10 @@ def backward_summary(rep) -> Table:
         ("window", window),
         ("mask", r.mask),
         ("forward", forward),
-        ("D = rowsum(dO∘O)", Text.assemble(num(d.min(initial=0.0), 6), " to ",
-                                           num(d.max(initial=0.0), 6))),
+        ("D = rowsum(dO∘O)", Text.assemble(num(d.min(), 6), " to ", num(d.max(), 6))
+         if d.size else "no query rows"),
         ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "
-                  f"{r.tiles_skipped} skipped of {r.tiles_total} (K/V tiles outer)"),
+                  f"{r.tiles_skipped} skipped of {r.tiles_total}"),
         ("fully masked rows", f"{r.masked_rows} (LSE ±inf: P = 0, no gradient)"),
     ]
     if rep.errors is None:
