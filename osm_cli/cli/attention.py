@@ -44,6 +44,7 @@ from .options import (
     CausalOpt,
     CsvOpt,
     DtypeOpt,
+    GradRule,
     HeadOpt,
     JsonOpt,
     Layout,
@@ -162,6 +163,10 @@ def attention(
         out.print(render.attention_results(rep, show_all))
 
 
+def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options)
+    return Annotated[str | None, typer.Option(flag, help=f"The kernel's {what} (.npy), to judge.")]
+
+
 @guarded
 def check(
     out_file: Annotated[str, typer.Argument(
@@ -177,6 +182,15 @@ def check(
     mask: MaskOpt = None,
     scale: ScaleOpt = None,
     layout: LayoutOpt = Layout.bhnd,
+    do: Annotated[str | None, typer.Option(
+        "--do", help="The upstream gradient dO (.npy) the kernel's gradients were computed "
+        "for.")] = None,
+    dq: JudgedOpt("--dq", "dQ") = None,
+    dk: JudgedOpt("--dk", "dK") = None,
+    dv: JudgedOpt("--dv", "dV") = None,
+    grad_rule: Annotated[GradRule, typer.Option(
+        "--grad-rule", help="The gradients' rule: fa3 (FA3/FA4's tests: 2·plain error + "
+        "2·rounding) or fa2 (FA2's tests: 3·plain error).")] = GradRule.fa3,
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
@@ -187,12 +201,14 @@ def check(
     ref = the float64 reference of the dtype-rounded inputs, cast to the dtype; pt = plain
     attention in the dtype. Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3)
     − ref|. Exit 0: pass. Exit 1: fail ("FAIL: …" on stderr) or bad input ("Error: …").
-    --dtype defaults to OUT's own dtype.
+    --dtype defaults to OUT's own dtype. With --do and any of --dq, --dk, --dv, each gradient
+    is judged too, against the float64 gradients, by FlashAttention's backward rule.
 
     \b
     Examples:
       osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
       osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
+      osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
     """
     # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
     from osm_cli.precision.check import check as judge
@@ -201,17 +217,20 @@ def check(
     o = io.load_array(Path(out_file), mmap=False)
     io.check_real(o, out_file)
     q, k, v = io.load_qkv(files)
-    lse_arr = None if lse is None else io.load_array(Path(lse), mmap=False)
-    if lse_arr is not None:
-        io.check_real(lse_arr, lse)
+    extra = {}
+    for name, path in (("lse", lse), ("do", do), ("dq", dq), ("dk", dk), ("dv", dv)):
+        if path is not None:
+            extra[name] = io.load_array(Path(path), mmap=False)
+            io.check_real(extra[name], path)
     dt = dtype or output_dtype(o, out_file)
     opts = score_options(causal, causal_align, window, mask, scale, layout)
-    rep = judge(o, q, k, v, dt, lse=lse_arr, top=top, with_model=not no_model, opts=opts)
+    rep = judge(o, q, k, v, dt, top=top, with_model=not no_model, opts=opts,
+                grad_rule=grad_rule.value, **extra)
     if as_json:
         emit_json(documents.check_doc(rep))
     else:
         out.print(check_report(rep, out_file, top))
-    if not rep.verdict.passed:
+    if not rep.passed:
         err.print(f"FAIL: {fail_line(rep)}", markup=False, soft_wrap=True)
         raise typer.Exit(1)
 

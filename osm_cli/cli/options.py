@@ -18,7 +18,7 @@ from osm_cli.attention.options import ALIGNS, LAYOUTS, MASKED_LSE
 from osm_cli.core.merge import LSE_BASES
 from osm_cli.core.state import FORMS
 from osm_cli.errors import OsmError
-from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, PRECISIONS, canonical
+from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, GRAD_RULES, PRECISIONS, canonical
 from osm_cli.studies import costmodel
 from osm_cli.studies.order import ORDERS
 
@@ -42,6 +42,7 @@ TileOrder = _choices("TileOrder", ORDERS)
 PrecisionModel = _choices("PrecisionModel", PRECISIONS)
 AccumDtype = _choices("AccumDtype", ACCUMS)
 LseBase = _choices("LseBase", LSE_BASES)
+GradRule = _choices("GradRule", GRAD_RULES)
 
 
 def dtype_name(value):

@@ -23,12 +23,13 @@ from osm_cli.errors import OsmError
 from .backward import flash_backward, plain_backward
 from .dtypes import dtype_name, round_to
 from .model import model
+from .names import GRAD_RULES as _RULE_NAMES
 from .rule import Rule, _fa_rule, max_abs
 
 GRADS = ("dq", "dk", "dv")
 LABELS = {"dq": "dQ", "dk": "dK", "dv": "dV"}
 # name -> (k_pt, k_round, k_abs): bound = k_pt·max|g_pt − ref| + k_round·rounding + k_abs
-GRAD_RULES = {"fa3": (2.0, 2.0, 0.0), "fa2": (3.0, 0.0, 0.0)}
+GRAD_RULES = dict(zip(_RULE_NAMES, ((2.0, 2.0, 0.0), (3.0, 0.0, 0.0)), strict=True))
 
 
 @dataclass(frozen=True)
