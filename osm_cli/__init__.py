@@ -31,8 +31,9 @@ from .attention import attention
 # module -> the names it exports here
 _API = {
     "attention.forward": ("Attention", "ScoreOptions", "Tiling", "Hooks"),
+    "attention.backward": ("Backward", "attention_backward"),
     "attention.split": ("split_kv",),
-    "core.record": ("Step",),
+    "core.record": ("GradStep", "Step"),
     "core.state": ("State", "combine", "initial_state", "merge_step", "rescale_step"),
     "core.fold": ("Trace", "online_softmax"),
     "core.reference": ("logsumexp", "naive_softmax", "stable_softmax"),
@@ -51,6 +52,7 @@ _API = {
 }
 _WHERE = {name: (module, name) for module, names in _API.items() for name in names}
 _WHERE["attention_reference"] = ("attention.reference", "reference")  # apart from core's
+_WHERE["attention_reference_backward"] = ("attention.reference", "reference_backward")
 _WHERE["TileStep"] = ("core.record", "Step")  # one record for blocks and tiles since 0.2
 
 

@@ -36,9 +36,11 @@ def tiny_report():
 
 
 def page(rep, width):
-    return "".join(render_text(x, width) for x in (
+    """What osm backward prints, at `width` columns, each line's trailing spaces dropped."""
+    text = "".join(render_text(x, width) for x in (
         *render.backward_heads(rep), render.key_trace(rep, width),
         render.query_trace(rep, width), render.backward_results(rep)))
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
 def render_text(renderable, width):
@@ -55,7 +57,7 @@ def test_worked_example_as_printed(width):
     lines = text.splitlines()
     assert all(len(line) <= width for line in lines)
     assert "…" not in text
-    assert "D = rowsum(dO∘O)    4.07577 to 4.07577" in text
+    assert "D = rowsum(dO∘O)    4.07577\n" in text
     assert "block_q 128, block_k 1: 2 computed, 0 skipped of 2" in text
     query = text[text.index("query 0 of batch 0, head 0: dQ_i over the K/V tiles"):]
     assert "0   0:1  0.73105858  -0.78644773  0.78644773" in query

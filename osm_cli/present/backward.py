@@ -33,8 +33,7 @@ def backward_summary(rep) -> Table:
         ("window", window),
         ("mask", r.mask),
         ("forward", forward),
-        ("D = rowsum(dO∘O)", Text.assemble(num(d.min(), 6), " to ", num(d.max(), 6))
-         if d.size else "no query rows"),
+        ("D = rowsum(dO∘O)", _range(d)),
         ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "
                   f"{r.tiles_skipped} skipped of {r.tiles_total}"),
         ("fully masked rows", f"{r.masked_rows} (LSE ±inf: P = 0, no gradient)"),
@@ -47,6 +46,14 @@ def backward_summary(rep) -> Table:
             rows.append((f"max |{label} − ref|", Text.assemble(
                 num(e["max_abs_err"], 3), " (relative ", num(e["max_rel_err"], 3), ")")))
     return kv_table(rows)
+
+
+def _range(d: np.ndarray) -> Text | str:
+    """'lo to hi' of D over the query rows, one number when all agree."""
+    if not d.size:
+        return "no query rows"
+    lo, hi = float(d.min()), float(d.max())
+    return num(lo, 6) if lo == hi else Text.assemble(num(lo, 6), " to ", num(hi, 6))
 
 
 def backward_precision(rep) -> Table:
