@@ -188,6 +188,9 @@ SDPA_CASES = [
     ("med_n1024_causal", 1, 8, 8, 1024, 1024, 64, True, 1.0, 22, False),
     ("med_rect_d128", 2, 4, 4, 512, 1024, 128, False, 1.0, 23, False),
     ("med_n2048_d32_causal_x2", 1, 4, 4, 2048, 2048, 32, True, 2.0, 24, False),
+    # decoding shapes: FA2's split-KV path (num_splits_heuristic picks > 1 split here)
+    ("med_decode_t1_s2048", 1, 2, 2, 1, 2048, 64, False, 1.0, 25, False),
+    ("med_splitkv_t64_s2048", 1, 2, 2, 64, 2048, 64, False, 1.0, 26, False),
 ]
 BACKENDS = ("flash", "efficient", "cudnn")
 
@@ -353,7 +356,7 @@ def cmd_sdpa(args) -> None:
     writer = Writer(args.out)
     summary = {}
     for case in SDPA_CASES:
-        if args.small_only and not case[-1]:
+        if args.small_only and not case[-1] or args.only and case[0] not in args.only:
             continue
         for dt in ("float16", "bfloat16"):
             summary[f"{case[0]}_{dt}"] = sdpa_case(case, dt, dev, attention_ref, writer, args)
@@ -419,6 +422,13 @@ FA4_CASES = [
          causal=True, seed=42, medium=True),
     dict(name="causal", dtype="float16", kind="dense", B=1, Hq=2, Hkv=2, t=160, s=288,
          causal=True, seed=32),
+    # causal with t > s: bottom-right leaves the first t - s rows without keys
+    dict(name="masked_rows", dtype="bfloat16", kind="dense", B=1, Hq=2, Hkv=2, t=200, s=64,
+         causal=True, seed=43),
+    dict(name="masked_rows_sink", dtype="bfloat16", kind="dense", B=1, Hq=2, Hkv=2, t=200,
+         s=64, causal=True, sink=True, seed=44),
+    dict(name="plain_d128", dtype="bfloat16", kind="dense", B=1, Hq=2, Hkv=2, t=128, s=256,
+         d=128, seed=45),
 ]
 
 
@@ -495,6 +505,8 @@ def fa4_case(c, fa, fav, attention_ref, writer):
         v = randn((B, s, Hkv, d), gen, dev, amp, dtype)
         do = randn((B, t, Hq, d), gen, dev, 1.0, dtype)
         segs = [(b, 0, t, 0, s) for b in range(B)]
+        if causal and t > s:  # rows i < t - s see no key: the refs treat them apart (no NaN)
+            segs = [x for b in range(B) for x in ((b, 0, t - s, 0, 0), (b, t - s, t, 0, s))]
         meta.update(B=B, t=t, s=s, layout="BNHD (batch, seq, heads, d): q (B, t, Hq, d), "
                     "k, v (B, s, Hkv, d); lse (B, Hq, t)")
         call = "flash_attn_func(q, k, v, causal, window_size, learnable_sink, softcap, " \
@@ -796,6 +808,7 @@ def main(argv=None) -> None:
     p = sub.add_parser("sdpa")
     p.add_argument("--out", required=True)
     p.add_argument("--small-only", action="store_true")
+    p.add_argument("--only", nargs="*", help="case names")
     p.add_argument("--fa4-testing")
     p = sub.add_parser("fa4")
     p.add_argument("--out", required=True)
