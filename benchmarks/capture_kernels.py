@@ -17,7 +17,8 @@ Subcommands
   ship   pack captured files into at most 8 tars of < 16 MiB under $OUT, in priority order,
          remembering what went already (for the device tool's return limits).
   shrink keep the first query heads of a capture (each head is independent, so the slice is
-         still exactly the kernel's output); used to keep the committed samples small.
+         still exactly the kernel's output) and drop arrays by name (--drop 'out_ref32' ...);
+         used to keep the committed samples (samples/kernels/) small.
 
 Files (inputs drawn with a seeded torch.Generator on the GPU: randn × input scale, then cast)
   sdpa_<backend>_<dtype>_<case>.npz  small: q, k, v, do (upstream gradient), out, lse
@@ -39,12 +40,13 @@ Usage (on the GPU machine):
   python capture_kernels.py sdpa --out /root/cap [--small-only]
   python capture_kernels.py fa4 --out /root/cap --site /root/site [--only plain_bf16 ...]
   python capture_kernels.py ship --src /root/cap --dst $OUT
-  python capture_kernels.py shrink IN.npz OUT.npz --heads 1
+  python capture_kernels.py shrink IN.npz OUT.npz --heads 1 [--drop 'd?_ref32' out_ref32]
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -796,6 +798,12 @@ def cmd_shrink(args) -> None:
     meta["shrunk"] = (f"query heads [0, {keep_q}) and kv heads [0, {keep_kv}) of a capture with "
                       f"Hq={hq}, Hkv={hkv} (heads are independent: still the kernel's exact "
                       f"output for these heads)")
+    dropped = sorted(k for k in out if any(fnmatch.fnmatchcase(k, pat) for pat in args.drop))
+    for k in dropped:
+        del out[k]
+    if dropped:
+        meta["dropped"] = (f"{', '.join(dropped)}: left out to keep the committed samples small "
+                           "(they are in the full capture)")
     meta["Hq"], meta["Hkv"] = keep_q, keep_kv
     meta["arrays"] = {k: [str(v.dtype), list(v.shape)] for k, v in out.items()}
     size = save_npz(Path(args.dst), out, meta, level=9)
@@ -832,6 +840,7 @@ def main(argv=None) -> None:
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--drop", nargs="*", default=[], help="array-name patterns to leave out")
     args = ap.parse_args(argv)
     {"sdpa": cmd_sdpa, "fa4": cmd_fa4, "ship": cmd_ship, "shrink": cmd_shrink}[args.cmd](args)
 
