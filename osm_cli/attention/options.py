@@ -22,14 +22,11 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from osm_cli.core.state import FORMS
+from osm_cli.core.names import FORMS
 from osm_cli.errors import InputError
 
+from .names import ALIGNS, LAYOUTS, MASKED_LSE
 from .packed import Packing
-
-MASKED_LSE = {"neg-inf": -np.inf, "pos-inf": np.inf, "zero": 0.0}  # docs/numerics.md#masked-rows
-ALIGNS = ("bottom-right", "top-left")  # docs/numerics.md#causal-alignment
-LAYOUTS = ("bhnd", "bnhd")  # docs/numerics.md#layouts
 
 
 def default_scale(d: int) -> float:

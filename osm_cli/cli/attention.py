@@ -1,5 +1,6 @@
 """osm attention and osm check: the tiled forward on real Q/K/V traced tile by tile, and a
-kernel's output judged by FlashAttention's test rule. Leaves out: computing
+kernel's output judged by FlashAttention's test rule. Each command imports the layers it uses
+when it runs (see common.py: `osm --help` loads no numpy). Leaves out: computing
 (reports/attention.py, precision/check.py) and the tables (present/attention.py,
 present/verdicts.py).
 """
@@ -12,15 +13,7 @@ from typing import Annotated
 
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import Tiling
 from osm_cli.errors import OsmError
-from osm_cli.present import attention as render
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
-from osm_cli.present import plot as plots
-from osm_cli.present.verdicts import check_report, fail_line
-from osm_cli.studies import tilemap
 
 from .common import (
     check_outputs,
@@ -131,8 +124,11 @@ def attention(
       osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
       osm attention q.npy k.npy v.npy --dtype bf16
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli import io
+    from osm_cli.attention.options import Tiling
     from osm_cli.precision.model import prepare
+    from osm_cli.present import attention as render
+    from osm_cli.present import json as documents
     from osm_cli.reports.attention import attention_report
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
@@ -210,9 +206,11 @@ def check(
       osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
       osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
+    from osm_cli.present import json as documents
+    from osm_cli.present.verdicts import check_report, fail_line
 
     o = io.load_array(Path(out_file), mmap=False)
     io.check_real(o, out_file)
@@ -238,6 +236,10 @@ def check(
 def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:
     """attention --csv and --plot as save() items: the traced row's tile table and the traced
     head's picture (drawn here, before anything is written)."""
+    from osm_cli.present import csv as export
+    from osm_cli.present import plot as plots
+    from osm_cli.studies import tilemap
+
     b, h, i = res.traced
     items = []
     if csv is not None:

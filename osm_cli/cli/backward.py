@@ -1,5 +1,6 @@
 """osm backward: dQ, dK, dV of attention by FA2's tiled backward, traced tile by tile for one key
-row and one query row. Leaves out: computing (reports/backward.py) and the tables
+row and one query row. The command imports the layers it uses when it runs (see common.py:
+`osm --help` loads no numpy). Leaves out: computing (reports/backward.py) and the tables
 (present/backward.py).
 """
 
@@ -10,12 +11,7 @@ from typing import Annotated
 
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import Tiling
 from osm_cli.errors import OsmError
-from osm_cli.present import backward as render
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
 
 from .common import check_outputs, emit_json, guarded, out, progress, save, score_options
 from .options import (
@@ -91,9 +87,13 @@ def backward(
       osm backward samples/qkv.npz samples/do.npy --causal --key 3 --query 5
       osm backward q.npy k.npy v.npy do.npy --o o.npy --lse lse.npy --dtype bf16
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli import io
+    from osm_cli.attention.options import Tiling
     from osm_cli.precision.dtypes import round_inputs
     from osm_cli.precision.model import prepare, storable
+    from osm_cli.present import backward as render
+    from osm_cli.present import csv as export
+    from osm_cli.present import json as documents
     from osm_cli.reports.backward import backward_report
 
     check_outputs(dq=dq_path, dk=dk_path, dv=dv_path, csv=csv)

@@ -1,6 +1,9 @@
 """What the commands share: the consoles, attention's ScoreOptions from the shared options,
 errors turned into "Error: …" and exit codes, output files, step mode and the progress bar.
 
+Nothing heavy is imported here at start-up (numpy, rich, the layers below): `osm --help` builds
+every command's options from this module and options.py alone, so each helper, and each command
+in its body, imports what it needs when it runs.
 Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
 Leaves out: the commands themselves.
 """
@@ -13,25 +16,46 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import ScoreOptions
 from osm_cli.errors import OsmError
-from osm_cli.present import plot as plots
-from osm_cli.present import stepmode
-from osm_cli.present.attention import progress_bar
-from osm_cli.present.console import consoles
-from osm_cli.present.json import write_json
 
-out, err = consoles()
+
+class Screen:
+    """The stdout (or stderr) console of the command running now, made when it first prints, so
+    that it sees that run's terminal, COLUMNS and streams (a test's runner swaps them); every
+    command starts with a fresh one (`guarded`). Attribute access goes to the rich Console."""
+
+    def __init__(self, stderr: bool = False):
+        self.stderr = stderr
+        self.record = False
+        self._console = None
+
+    def reset(self, record: bool = False) -> None:
+        self._console, self.record = None, record
+
+    def get(self):
+        """The rich Console itself (for what checks its type, such as a progress bar)."""
+        if self._console is None:
+            from osm_cli.present.console import console
+
+            self._console = console(stderr=self.stderr, record=self.record)
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self.get(), name)
+
+
+out, err = Screen(), Screen(stderr=True)
 
 
 def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
-                  scale: float | None, layout) -> ScoreOptions:
+                  scale: float | None, layout):
     """attention's ScoreOptions from the shared options, built once per command; a scale of 0 or
     below is legal, and said to be unusual on stderr."""
+    from osm_cli import io
+    from osm_cli.attention.options import ScoreOptions
+
     if scale is not None and scale <= 0:
         what = ("makes every score 0: each row averages V over the keys it sees" if scale == 0
                 else "is negative: each row favours the keys least like its query")
@@ -53,6 +77,8 @@ def guarded(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        out.reset()
+        err.reset()
         try:
             return fn(*args, **kwargs)
         except OsmError as exc:
@@ -71,6 +97,8 @@ def guarded(fn):
 
 def emit_json(obj) -> None:
     """A --json document on stdout, written as it is computed when it is long."""
+    from osm_cli.present.json import write_json
+
     write_json(obj, sys.stdout.write)
     sys.stdout.write("\n")
 
@@ -78,12 +106,16 @@ def emit_json(obj) -> None:
 def need_plot(plot) -> None:
     """--plot asks for matplotlib: say so before any work is done."""
     if plot is not None:
+        from osm_cli.present import plot as plots
+
         plots.require_matplotlib()
 
 
 def check_outputs(**paths: Path | str | None) -> None:
     """Before any work: every output option's file can be written, and no two are one file.
     Keywords are the options' names without dashes (out=…, lse=…); None is not asked for."""
+    from osm_cli import io
+
     names = [f"--{name.replace('_', '-')}" for name in paths]
     io.check_destinations([None if p is None else Path(p) for p in paths.values()], names)
 
@@ -94,6 +126,10 @@ def save(*items: tuple[Path | str | None, object, str | None]) -> None:
     (called only when the path is given). Then say so on stderr, one line a file whatever the
     width (scripts read the path back): "wrote o.npy (3, 2)" for an array, else the `what`; a
     what of None writes the file without a line."""
+    import numpy as np
+
+    from osm_cli import io
+
     items = tuple((Path(p), data() if callable(data) else data, what)
                   for p, data, what in items if p is not None)
     io.write_all([(path, data) for path, data, _ in items])
@@ -119,6 +155,8 @@ def present(step: bool, heads: list, pages: list, tables: list) -> bool:
 
 def step_interactive(step: bool) -> bool:
     """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
+    from osm_cli.present import stepmode
+
     if step and stepmode.interactive(sys.stdin, sys.stdout):
         return True
     if step:
@@ -128,11 +166,15 @@ def step_interactive(step: bool) -> bool:
 
 
 def step_keys():
+    from osm_cli.present import stepmode
+
     return stepmode.buffered(getkey)
 
 
 def step_frames(frame, count: int, unit: str, getkey) -> bool:
     """Show frame(k) one key press at a time; False (and a note) when the user quit early."""
+    from osm_cli.present import stepmode
+
     shown = stepmode.step_through(out, frame, count, getkey)
     if shown < count:
         err.print(f"stopped at {unit} {shown} of {count}")
@@ -158,7 +200,9 @@ class progress:
 
         def tick(done, total):
             if self.bar is None and time.monotonic() - start > 1.0 and done < total:
-                self.bar = progress_bar(err)
+                from osm_cli.present.attention import progress_bar
+
+                self.bar = progress_bar(err.get())
                 self.bar.start()
                 self.task = self.bar.add_task("attention", total=total)
             if self.bar is not None:

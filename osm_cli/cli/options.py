@@ -1,7 +1,9 @@
 """The command line's choices and shared options, each declared once.
 
 Choices are enums made from the lower layers' own tuples (a new update form or layout there is a
-new choice here); options that several commands share are Annotated types used by each.
+new choice here), taken from their names.py modules, which load no numpy: `osm --help` builds
+every option from this module. Options that several commands share are Annotated types used by
+each.
 Leaves out: the commands (trace.py, attention.py, tools.py).
 """
 
@@ -14,13 +16,12 @@ from typing import Annotated
 
 import typer
 
-from osm_cli.attention.options import ALIGNS, LAYOUTS, MASKED_LSE
-from osm_cli.core.merge import LSE_BASES
-from osm_cli.core.state import FORMS
+from osm_cli.attention.names import ALIGNS, LAYOUTS, MASKED_LSE
+from osm_cli.core.names import FORMS, LSE_BASES
 from osm_cli.errors import OsmError
 from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, GRAD_RULES, PRECISIONS, canonical
 from osm_cli.studies import costmodel
-from osm_cli.studies.order import ORDERS
+from osm_cli.studies.names import ORDERS
 
 
 def _choices(name: str, values) -> type[Enum]:

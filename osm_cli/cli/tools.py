@@ -1,5 +1,6 @@
 """osm merge, osm sweep and osm cost: split-KV partials merged, block sizes swept against the
-FA1 cost model, and the cost model for one shape. Leaves out: computing (reports/merge.py,
+FA1 cost model, and the cost model for one shape. Each command imports the layers it uses when
+it runs (see common.py: `osm --help` loads no numpy). Leaves out: computing (reports/merge.py,
 studies/sweep.py, studies/costmodel.py) and the tables (present/tables.py).
 """
 
@@ -11,15 +12,7 @@ from typing import Annotated
 
 import typer
 
-from osm_cli import io
 from osm_cli.errors import OsmError
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
-from osm_cli.present import plot as plots
-from osm_cli.present import tables as render
-from osm_cli.reports.merge import merge_report
-from osm_cli.studies import costmodel
-from osm_cli.studies.sweep import sweep_attention, sweep_scores
 
 from .common import check_outputs, emit_json, guarded, need_plot, out, save, score_options
 from .options import (
@@ -71,6 +64,11 @@ def merge(
       osm merge o0.npy lse0.npy o1.npy lse1.npy --out o.npy --lse lse.npy
       osm merge o0.npy lse0.npy o1.npy lse1.npy --lse-base 2 --row 5
     """
+    from osm_cli import io
+    from osm_cli.present import json as documents
+    from osm_cli.present import tables as render
+    from osm_cli.reports.merge import merge_report
+
     check_outputs(out=out_path, lse=lse_path)
     outs, lses, (out_dtype, lse_dtype) = io.load_partials(files)
     rep = merge_report(outs, lses, lse_base.value, row)
@@ -129,6 +127,13 @@ def sweep(
       osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
       osm sweep q.npy k.npy v.npy --blocks 16,32,64,128,256 --sram 192KiB --causal
     """
+    from osm_cli import io
+    from osm_cli.present import csv as export
+    from osm_cli.present import json as documents
+    from osm_cli.present import plot as plots
+    from osm_cli.present import tables as render
+    from osm_cli.studies.sweep import sweep_attention, sweep_scores
+
     files = files or []
     need_plot(plot)
     check_outputs(plot=plot, csv=csv)
@@ -176,6 +181,10 @@ def cost(
     Example (GPT-2 medium, FA1 Fig. 2):
       osm cost -n 1024 -d 64 --heads 16 --batch 64
     """
+    from osm_cli.present import json as documents
+    from osm_cli.present import tables as render
+    from osm_cli.studies import costmodel
+
     c = costmodel.cost(seq_len, head_dim, heads, batch, dtype_bytes, sram)
     if as_json:
         return emit_json(documents.cost_doc(c))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FORMS = ("rescale", "merge")
+from .names import FORMS  # noqa: F401  (its home is names.py; re-exported for fold.py and others)
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,16 @@ import sys
 from rich.console import Console
 
 
+def console(*, stderr: bool = False, record: bool = False) -> Console:
+    """The stdout console (or, stderr=True, the stderr one) for one command's run."""
+    if stderr:
+        return Console(stderr=True, highlight=False)
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 100, record=record)
+
+
 def consoles() -> tuple[Console, Console]:
     """(stdout console, stderr console)."""
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 100)
-    return out, Console(stderr=True, highlight=False)
+    return console(), console(stderr=True)
 
 
-__all__ = ["consoles"]
+__all__ = ["console", "consoles"]
