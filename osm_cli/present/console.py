@@ -1,21 +1,68 @@
-"""The two consoles the command line prints to: tables on stdout, messages on stderr.
+"""The consoles the command line prints to: tables on stdout, messages on stderr.
 
-Piped output gets 100 columns (not rich's 80), the width the tables are laid out for.
+Width: COLUMNS when it is set, else the terminal's; piped output without COLUMNS gets 100
+columns (not rich's 80), the width the tables are laid out for. Output that is not a terminal
+carries no trailing whitespace: rich pads each line of a table to the table's width, and a file
+or a pipe keeps those spaces. A recording console (record=True) keeps what it printed for
+`export_svg` / `export_html`.
 Leaves out: what is printed.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
+
+PIPED_WIDTH = 100  # the width tables are laid out for when nothing says otherwise
+
+
+def width_from_env(is_terminal: bool) -> int | None:
+    """COLUMNS when it is a positive whole number; else None (rich asks the terminal) in a
+    terminal, PIPED_WIDTH elsewhere."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    return None if is_terminal else PIPED_WIDTH
+
+
+class TrimmedStdout:
+    """sys.stdout (as it is at each write: a test's runner swaps it), less the whitespace at the
+    end of each line. Spaces at the end of what was written so far are held back until the next
+    write shows whether more of the line follows (they are written) or the line ends (dropped)."""
+
+    def __init__(self):
+        self._held = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._held + text).split("\n")
+        last = lines.pop()
+        body = last.rstrip(" \t")
+        self._held = last[len(body):]
+        out = "".join(line.rstrip(" \t") + "\n" for line in lines) + body
+        if out:
+            sys.stdout.write(out)
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
 
 
 def console(*, stderr: bool = False, record: bool = False) -> Console:
     """The stdout console (or, stderr=True, the stderr one) for one command's run."""
     if stderr:
         return Console(stderr=True, highlight=False)
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100, record=record)
+    tty = sys.stdout.isatty()
+    return Console(highlight=False, width=width_from_env(tty), record=record,
+                   file=None if tty else TrimmedStdout())
 
 
 def consoles() -> tuple[Console, Console]:
@@ -23,4 +70,4 @@ def consoles() -> tuple[Console, Console]:
     return console(), console(stderr=True)
 
 
-__all__ = ["console", "consoles"]
+__all__ = ["PIPED_WIDTH", "TrimmedStdout", "console", "consoles", "width_from_env"]
