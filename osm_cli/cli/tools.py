@@ -77,7 +77,7 @@ def merge(
     if as_json:
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
-    out.print(render.merge_table(names, rep))
+    out.print(render.merge_table(names, rep, out.width))
 
 
 @guarded
@@ -159,7 +159,7 @@ def sweep(
          (csv, functools.partial(export.sweep_csv, res), "the sweep table, CSV"))
     if as_json:
         return emit_json(doc)
-    out.print(render.sweep_table(res, name, about))
+    out.print(render.sweep_table(res, name, about, out.width))
 
 
 @guarded

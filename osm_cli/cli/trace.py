@@ -136,7 +136,7 @@ def overflow_demo(
         raise OsmError("values must be numbers or -inf (a masked score): softmax is undefined "
                        "for NaN and for +inf (inf / inf)")
     dtypes = tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES  # repeated: shown once
-    out.print(tables.overflow_report(demo(xs, dtypes)))
+    out.print(tables.overflow_report(demo(xs, dtypes), out.width))
 
 
 def trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:

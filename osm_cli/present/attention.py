@@ -11,10 +11,9 @@ from dataclasses import replace
 
 from rich import box
 from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import agreement, arrow, fill, fit, kv_table, num, values
+from .format import Table, agreement, arrow, fill, fit, kv_table, num, values
 from .stepmode import frame
 from .verdicts import precision_summary
 
@@ -77,37 +76,59 @@ def baseline_lines(b) -> Text:
     )
 
 
+# attention_trace's variants, tried in order until one fits: (digits, the O[:3] column, m and
+# l as "before → after"); the narrowest show m and l after each tile (the row above: before)
+TRACE_VARIANTS = (
+    (7, True, True), (6, True, True), (7, False, True), (6, False, True), (5, False, True),
+    (6, False, False), (5, False, False), (4, False, False),
+)
+
+
 def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
-    """The traced query row, tile by tile (attention_results shows its output)."""
-    return fit(lambda d: _attention_trace(res, d, show_all), width, (7, 6, 5, 4))
+    """The traced query row, tile by tile (attention_results shows its output).
+
+    Numbers get 7 significant digits; to fit `width`, 6, then without the O[:3] column (‖O‖
+    stays; the title says so), then fewer digits and m and l shown after each tile only.
+    The steps are attention's Step records, so a backward trace can render through this too.
+    """
+    return fit(lambda v: _attention_trace(res, show_all, *v), width, TRACE_VARIANTS)
 
 
-def _attention_trace(res, d: int, show_all: bool) -> Group:
+def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
+                     arrows: bool = True) -> Group:
     b, h, i = res.traced
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     nc = {"justify": "right", "no_wrap": True}
     for name in ("tile", "keys", "tile max", "m", "α", "l"):
         t.add_column(name, **nc)
     shown = len(res.trace[0].o) if res.trace else 0
-    t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
+    if with_o:
+        t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
     t.add_column("‖O‖", **nc)
 
     def row(n):
         s = res.trace[n]
         if s.masked:
             return [str(s.block), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
-                    num(s.m, d), "", num(s.l, d), "", ""]
+                    num(s.m, d), "", num(s.l, d), *([""] if with_o else []), ""]
         alpha = num(s.alpha, d)
         if s.rescaled:
             alpha.stylize("bold yellow")
         if s.lazy_skipped:  # lazy rescale: the tile max passed m, m was kept
             alpha.append(" skip", style="magenta")
-        return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), arrow(s.m_prev, s.m, d),
-                alpha, arrow(s.l_prev, s.l, d), values(s.o, max(3, d - 3), shown), num(s.o_norm, d)]
+        m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
+        l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
+        o = [values(s.o, max(3, d - 3), shown)] if with_o else []
+        return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
+                num(s.o_norm, d)]
 
     fill(t, len(res.trace), row, show_all)
-    title = Text(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0")
-    return Group(title, t)
+    title = f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
+    if not with_o:
+        title += f"\n(O[:{shown}] left out at this width: --csv or --json has it)"
+    if not arrows:
+        title += "\nm and l after each tile (the row above holds their values before it)"
+    return Group(Text(title), t)
 
 
 def attention_output(res, ref_row, show_all: bool = False) -> Group:

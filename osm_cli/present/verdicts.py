@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import kv_table, num, pass_fail
+from .format import Table, kv_table, num, pass_fail
 
 
 def rounding_text(notes) -> Text:
