@@ -19,6 +19,7 @@ from .common import (
     check_outputs,
     emit_json,
     err,
+    exports,
     guarded,
     need_plot,
     out,
@@ -58,6 +59,7 @@ from .options import (
 
 
 @guarded
+@exports
 def attention(
     files: Annotated[
         list[str], typer.Argument(help="Q K V as .npy files, or one .npz holding q, k, v.")

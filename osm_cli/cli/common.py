@@ -120,23 +120,77 @@ def check_outputs(**paths: Path | str | None) -> None:
     io.check_destinations([None if p is None else Path(p) for p in paths.values()], names)
 
 
+_held: list | None = None  # while a command's screen is recorded (exports): its files, unwritten
+
+
 def save(*items: tuple[Path | str | None, object, str | None]) -> None:
     """Write a command's output files, all or none (io.write_all): each item is (path or None,
     data, what it holds), data text, bytes or an array for .npy, or a function that makes it
     (called only when the path is given). Then say so on stderr, one line a file whatever the
     width (scripts read the path back): "wrote o.npy (3, 2)" for an array, else the `what`; a
-    what of None writes the file without a line."""
+    what of None writes the file without a line. While the screen is recorded for --svg or
+    --html (`exports`), the files wait to be written with the pictures, all together."""
     import numpy as np
 
     from osm_cli import io
 
     items = tuple((Path(p), data() if callable(data) else data, what)
                   for p, data, what in items if p is not None)
+    if _held is not None:
+        _held.extend(items)
+        return
     io.write_all([(path, data) for path, data, _ in items])
     for path, data, what in items:
         if what is not None:
             about = str(tuple(data.shape)) if isinstance(data, np.ndarray) else f"({what})"
             err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
+
+
+def exports(fn):
+    """Give a command --svg FILE and --html FILE: what it prints, exported through rich's
+    recording console (export_svg / export_html), for slides and notes. A command takes them
+    with this one line above its definition (under @guarded).
+
+    The screen is recorded and held back; when the command has printed, the pictures and the
+    command's other output files (its save() calls) are written together, all or none, and
+    then the screen is shown. A command's `as_json` and `step`, where it has them, refuse the
+    export: JSON is no screen, and step mode shows one page at a time.
+    """
+    import inspect
+
+    from .options import HtmlOpt, SvgOpt
+
+    sig = inspect.signature(fn, eval_str=True)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+             for name, a in (("svg", SvgOpt), ("html", HtmlOpt))]
+
+    @functools.wraps(fn)
+    def wrapper(*args, svg: Path | None = None, html: Path | None = None, **kwargs):
+        global _held
+        if svg is None and html is None:
+            return fn(*args, **kwargs)
+        for flag, name in (("--json", "as_json"), ("--step", "step")):
+            if kwargs.get(name):
+                raise OsmError(f"--svg and --html export the printed screen; {flag} does not "
+                               "combine with them")
+        check_outputs(svg=svg, html=html)
+        out.reset(record=True)
+        _held = []
+        try:
+            result = fn(*args, **kwargs)
+            files, _held = _held, None
+            title = f"osm {fn.__name__.replace('_', '-')}"
+            # HTML first: export_svg clears the recording
+            save(*files, (html, lambda: out.export_html(clear=False), "the screen, HTML"),
+                 (svg, lambda: out.export_svg(title=title), "the screen, SVG"))
+        finally:
+            _held = None
+        out.file.release()
+        return result
+
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    wrapper.__annotations__ = {**fn.__annotations__, "svg": SvgOpt, "html": HtmlOpt}
+    return wrapper
 
 
 def present(step: bool, heads: list, pages: list, tables: list) -> bool:

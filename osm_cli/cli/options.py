@@ -131,6 +131,13 @@ AccumOpt = Annotated[AccumDtype | None, typer.Option(
 CsvOpt = csv_option("the step table")
 SweepCsvOpt = csv_option("the sweep table")
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")]
+# common.exports gives a command these two (trace, attention; backward with one line)
+SvgOpt = Annotated[Path | None, typer.Option(
+    "--svg", metavar="FILE.svg", help="Also write what is printed to FILE as SVG (a picture "
+    "of the terminal, for slides).")]
+HtmlOpt = Annotated[Path | None, typer.Option(
+    "--html", metavar="FILE.html", help="Also write what is printed to FILE as HTML, colours "
+    "kept.")]
 StepOpt = Annotated[bool, typer.Option(
     "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
     "space: next, q: quit).")]

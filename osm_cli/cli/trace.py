@@ -14,7 +14,16 @@ import typer
 
 from osm_cli.errors import OsmError
 
-from .common import check_outputs, emit_json, guarded, need_plot, out, present, save
+from .common import (
+    check_outputs,
+    emit_json,
+    exports,
+    guarded,
+    need_plot,
+    out,
+    present,
+    save,
+)
 from .options import (
     DTYPES_HELP,
     CsvOpt,
@@ -31,6 +40,7 @@ from .options import (
 
 
 @guarded
+@exports
 def trace(
     scores: Annotated[
         str | None,

@@ -3,8 +3,8 @@
 Width: COLUMNS when it is set, else the terminal's; piped output without COLUMNS gets 100
 columns (not rich's 80), the width the tables are laid out for. Output that is not a terminal
 carries no trailing whitespace: rich pads each line of a table to the table's width, and a file
-or a pipe keeps those spaces. A recording console (record=True) keeps what it printed for
-`export_svg` / `export_html`.
+or a pipe keeps those spaces. A recording console (record=True, for --svg and --html) keeps
+what it printed for `export_svg` / `export_html` and holds the text back until released.
 Leaves out: what is printed.
 """
 
@@ -56,13 +56,52 @@ class TrimmedStdout:
         return getattr(sys.stdout, "encoding", None) or "utf-8"
 
 
+class Held:
+    """A stream that keeps what is written to it until `release` passes it on (to the stream it
+    holds for, as that is at release), so that a recorded run's screen can be exported and its
+    files written before anything is shown; a failure on the way shows nothing. It answers
+    isatty as that stream does, so rich colours and sizes the output as it would there."""
+
+    def __init__(self, target=None):
+        self._target = target
+        self._pieces: list[str] = []
+
+    def _stream(self):
+        return self._target if self._target is not None else sys.stdout
+
+    def write(self, text: str) -> int:
+        self._pieces.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self._stream().isatty()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream(), "encoding", None) or "utf-8"
+
+    def release(self) -> None:
+        stream = self._stream()
+        stream.write("".join(self._pieces))
+        stream.flush()
+        self._pieces = []
+
+
 def console(*, stderr: bool = False, record: bool = False) -> Console:
-    """The stdout console (or, stderr=True, the stderr one) for one command's run."""
+    """The stdout console (or, stderr=True, the stderr one) for one command's run. A recording
+    console (record=True) keeps what it prints for export_svg / export_html, and holds it back
+    until its file's release() (Held)."""
     if stderr:
         return Console(stderr=True, highlight=False)
     tty = sys.stdout.isatty()
-    return Console(highlight=False, width=width_from_env(tty), record=record,
-                   file=None if tty else TrimmedStdout())
+    file = None if tty else TrimmedStdout()
+    if record:
+        file = Held(file)
+    return Console(highlight=False, width=width_from_env(tty), record=record, file=file,
+                   force_terminal=tty if record else None)
 
 
 def consoles() -> tuple[Console, Console]:
@@ -70,4 +109,4 @@ def consoles() -> tuple[Console, Console]:
     return console(), console(stderr=True)
 
 
-__all__ = ["PIPED_WIDTH", "TrimmedStdout", "console", "consoles", "width_from_env"]
+__all__ = ["PIPED_WIDTH", "Held", "TrimmedStdout", "console", "consoles", "width_from_env"]
