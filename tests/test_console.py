@@ -29,6 +29,7 @@ COMMANDS = [
     ["sweep", "samples/long.npz", "--blocks", "64,128", "--causal"],
     ["sweep", "samples/matrix.txt", "--blocks", "1,2"],
     ["cost", "-n", "1024", "-d", "64"],
+    ["check", "samples/kernel_fp16.npz", "--causal"],
 ]
 
 

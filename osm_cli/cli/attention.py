@@ -40,6 +40,7 @@ from .options import (
     DtypeOpt,
     GradRule,
     HeadOpt,
+    InputDtypeOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
@@ -62,7 +63,8 @@ from .options import (
 @exports
 def attention(
     files: Annotated[
-        list[str], typer.Argument(help="Q K V as .npy files, or one .npz holding q, k, v.")
+        list[str], typer.Argument(help="Q K V as .npy/.safetensors files, or one .npz or "
+                                  ".safetensors holding q, k, v.")
     ],
     causal: CausalOpt = False,
     causal_align: CausalAlignOpt = Align.bottom_right,
@@ -105,6 +107,7 @@ def attention(
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
     accum: AccumOpt = None,
+    input_dtype: InputDtypeOpt = None,
     csv: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw the traced head's probability matrix (the "
@@ -117,7 +120,8 @@ def attention(
 
     Shapes (N, d), (H, N, d) or (B, H, N, d); Q's length may differ from K/V's; GQA when Q has a
     multiple of K/V's heads. Prints a summary against a float64 one-shot reference and the trace
-    of one query row.
+    of one query row. bfloat16 or float8 inputs (from .safetensors, or --input-dtype) run as
+    --dtype in their own dtype unless --dtype says otherwise.
 
     \b
     Examples:
@@ -128,14 +132,16 @@ def attention(
     """
     from osm_cli import io
     from osm_cli.attention.options import Tiling
+    from osm_cli.precision.dtypes import shared_narrow
     from osm_cli.precision.model import prepare
     from osm_cli.present import attention as render
     from osm_cli.present import json as documents
     from osm_cli.reports.attention import attention_report
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
-    q, k, v = io.load_qkv(files)
+    q, k, v = io.load_qkv(files, input_dtype)
     opts = score_options(causal, causal_align, window, mask, scale, layout)
+    dtype = dtype or shared_narrow(q, k, v)  # bfloat16 or float8 inputs: that kernel's model
     lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
                                          accum and accum.value, q, k, v)
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
@@ -167,12 +173,14 @@ def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options
 
 @guarded
 def check(
-    out_file: Annotated[str, typer.Argument(
-        help="The kernel's output O as .npy, shaped like Q but with V's head dim.")],
     files: Annotated[list[str], typer.Argument(
-        help="The kernel's inputs: Q K V as .npy files, or one .npz (q, k, v).")],
+        help="BUNDLE: one .npz or .safetensors holding out, q, k, v (and any of lse, do, dq, dk, "
+        "dv); or OUT Q K V (OUT shaped like Q with V's head dim); or OUT and one file holding "
+        "q, k, v. Tensor files are .npy, .npz or .safetensors.",
+        metavar="BUNDLE | OUT Q K V | OUT QKV", show_default=False)],
     lse: Annotated[str | None, typer.Option(
-        "--lse", help="The kernel's LSE (natural log) as .npy, to judge too.")] = None,
+        "--lse", help="The kernel's LSE (natural log) as a tensor file, to judge too (a BUNDLE "
+        "holds its own).")] = None,
     dtype: DtypeOpt = None,
     causal: CausalOpt = False,
     causal_align: CausalAlignOpt = Align.bottom_right,
@@ -192,6 +200,7 @@ def check(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
     """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
@@ -204,35 +213,64 @@ def check(
 
     \b
     Examples:
+      osm check samples/kernel_fp16.npz --causal
+      osm check kernel.safetensors --causal
       osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
       osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
       osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
     """
-    from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
-    o = io.load_array(Path(out_file), mmap=False)
-    io.check_real(o, out_file)
-    q, k, v = io.load_qkv(files)
-    extra = {}
-    for name, path in (("lse", lse), ("do", do), ("dq", dq), ("dk", dk), ("dv", dv)):
-        if path is not None:
-            extra[name] = io.load_array(Path(path), mmap=False)
-            io.check_real(extra[name], path)
-    dt = dtype or output_dtype(o, out_file)
+    t = kernel_tensors(files, lse, input_dtype,
+                       {"do": do, "dq": dq, "dk": dk, "dv": dv})
+    o, name = t.pop("out"), t.pop("name")
+    dt = dtype or output_dtype(o, name)
     opts = score_options(causal, causal_align, window, mask, scale, layout)
-    rep = judge(o, q, k, v, dt, top=top, with_model=not no_model, opts=opts,
-                grad_rule=grad_rule.value, **extra)
+    rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
+                opts=opts, grad_rule=grad_rule.value, **t)
     if as_json:
         emit_json(documents.check_doc(rep))
     else:
-        out.print(check_report(rep, out_file, top))
+        out.print(check_report(rep, name, top))
     if not rep.passed:
         err.print(f"FAIL: {fail_line(rep)}", markup=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def kernel_tensors(files: list[str], lse: str | None, input_dtype: str | None,
+                   grad_files: dict[str, str | None]) -> dict:
+    """check's tensors by name (out, q, k, v, and lse, do, dq, dk, dv where given) from BUNDLE,
+    OUT Q K V or OUT QKV and the --lse, --do, --dq, --dk, --dv files, each checked to be real
+    numbers; "name" is what the report calls OUT."""
+    from osm_cli import io
+
+    if len(files) == 1:
+        if not io.is_bundle(Path(files[0])) and Path(files[0]).is_file():
+            raise OsmError(f"{files[0]}: one array; check takes BUNDLE (one .npz or "
+                           ".safetensors holding out, q, k, v), OUT Q K V or OUT QKV")
+        t = dict(io.load_bundle(files[0], input_dtype, need=("out", "q", "k", "v")))
+        name = f"{files[0]}: out"
+    elif len(files) in (2, 4):
+        o = io.load_array(Path(files[0]), mmap=False, raw_as=input_dtype)
+        t, name = {"out": o}, files[0]
+        t["q"], t["k"], t["v"] = io.load_qkv(files[1:], input_dtype)
+    else:
+        raise OsmError(f"check takes BUNDLE, OUT Q K V or OUT QKV; got {len(files)} files")
+    where = {"out": name, **{k: f"{files[0]}: {k}" for k in t if k != "out"}}
+    for key, path in {"lse": lse, **grad_files}.items():
+        if path is None:
+            continue
+        if key in t:
+            raise OsmError(f"{files[0]} holds its own {key}; --{key} gives another: give one")
+        t[key] = io.load_array(Path(path), mmap=False, raw_as=input_dtype)
+        where[key] = path
+    for key in ("out", "lse", "do", "dq", "dk", "dv"):
+        if key in t:
+            io.check_real(t[key], where[key])
+    return {**t, "name": name}
 
 
 def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:

@@ -122,6 +122,10 @@ LayoutOpt = Annotated[
 ]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", callback=dtype_name, help=f"Round inputs to this dtype: {DTYPES_HELP}.")]
+InputDtypeOpt = Annotated[str | None, typer.Option(
+    "--input-dtype", callback=dtype_name, metavar="D",
+    help="Read raw 2- or 1-byte values in .npy/.npz files (|V2, |V1: how ml_dtypes saves "
+    "bfloat16 and float8) as this dtype: bf16, fp16, e4m3, e5m2.")]
 PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
     "--precision", help="With --dtype: flash (a FlashAttention kernel: fp32 state, P rounded "
     "before P·V; the default) or naive (everything in the dtype).")]

@@ -21,6 +21,7 @@ from .options import (
     BlockQOpt,
     CausalAlignOpt,
     CausalOpt,
+    InputDtypeOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
@@ -39,7 +40,7 @@ from .options import (
 def merge(
     files: Annotated[list[Path], typer.Argument(
         help="Pairs O_0 LSE_0 O_1 LSE_1 …: normalised partial outputs (…, dv) and their LSEs "
-        "(…), as .npy or one-array .npz files.", show_default=False,
+        "(…), as .npy, or one-array .npz or .safetensors files.", show_default=False,
         metavar="O_0 LSE_0 O_1 LSE_1 ...")],
     out_path: Annotated[Path | None, typer.Option(
         "--out", metavar="FILE.npy", help="Write the merged O here.")] = None,
@@ -51,6 +52,7 @@ def merge(
     ] = LseBase.e,
     row: Annotated[int, typer.Option(
         "--row", min=0, help="Row to show in detail (flat index over O's leading axes).")] = 0,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
     """Merge split-KV partial results (O_s, LSE_s) into one, as Flash-Decoding does.
@@ -70,7 +72,7 @@ def merge(
     from osm_cli.reports.merge import merge_report
 
     check_outputs(out=out_path, lse=lse_path)
-    outs, lses, (out_dtype, lse_dtype) = io.load_partials(files)
+    outs, lses, (out_dtype, lse_dtype) = io.load_partials(files, input_dtype)
     rep = merge_report(outs, lses, lse_base.value, row)
     save((out_path, rep.merged.out.astype(out_dtype), ""),
          (lse_path, rep.merged.lse.astype(lse_dtype), ""))
@@ -83,8 +85,9 @@ def merge(
 @guarded
 def sweep(
     files: Annotated[list[str] | None, typer.Argument(
-        help="Scores (text, .csv, .npy/.npz file, or '-' for standard input), or Q K V as three "
-        ".npy files or one .npz holding q, k, v.", metavar="SCORES | Q K V")] = None,
+        help="Scores (text, .csv, .npy/.npz/.safetensors file, or '-' for standard input), or Q "
+        "K V as three tensor files or one .npz or .safetensors holding q, k, v.",
+        metavar="SCORES | Q K V")] = None,
     values: ValuesOpt = None,
     blocks: Annotated[str, typer.Option(
         "--blocks", callback=block_list, help="Block sizes (keys per block; block_k for Q/K/V), "
@@ -112,6 +115,7 @@ def sweep(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
     csv: SweepCsvOpt = None,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
@@ -142,7 +146,7 @@ def sweep(
                   or layout is not Layout.bhnd or causal_align is not Align.bottom_right)
     if qkv:
         opts = score_options(causal, causal_align, window, mask, scale, layout)
-        q, k, v = io.load_qkv(files)
+        q, k, v = io.load_qkv(files, input_dtype)
         res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
                               dtype_bytes=dtype_bytes, sram_bytes=sram, opts=opts)
         name = files[0] if len(files) == 1 else " ".join(files)
@@ -150,7 +154,7 @@ def sweep(
         about = render.attention_sweep_about(res, shapes, opts, accum.value)
         doc = documents.attention_sweep_doc(res, name, accum.value, shapes, opts)
     else:
-        s, name = io.load_scores(files[0] if files else None, values)
+        s, name = io.load_scores(files[0] if files else None, values, input_dtype)
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
         about, doc = None, documents.sweep_doc(res, name, accum.value)

@@ -29,6 +29,7 @@ from .options import (
     CsvOpt,
     DtypeOpt,
     Form,
+    InputDtypeOpt,
     JsonOpt,
     PrecisionOpt,
     SeedOpt,
@@ -44,7 +45,8 @@ from .options import (
 def trace(
     scores: Annotated[
         str | None,
-        typer.Argument(help="Scores: text, .csv, .npy/.npz file, or '-' for standard input."),
+        typer.Argument(help="Scores: text, .csv, .npy/.npz/.safetensors file, or '-' for "
+                       "standard input."),
     ] = None,
     values: ValuesOpt = None,
     block: Annotated[int, typer.Option("--block", "-b", min=1, help="Scores per block.")] = 2,
@@ -68,6 +70,7 @@ def trace(
     step: StepOpt = False,
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
+    input_dtype: InputDtypeOpt = None,
 ):
     """Trace online softmax over a score vector, block by block.
 
@@ -88,7 +91,7 @@ def trace(
     from osm_cli.present.format import HEAD
     from osm_cli.reports.trace import trace_report
 
-    s, name = io.load_scores(scores, values)
+    s, name = io.load_scores(scores, values, input_dtype)
     trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
