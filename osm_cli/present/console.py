@@ -104,9 +104,21 @@ def console(*, stderr: bool = False, record: bool = False) -> Console:
                    force_terminal=tty if record else None)
 
 
+def as_text(renderable, width: int = PIPED_WIDTH) -> str:
+    """What a renderable prints, as plain text (no colour, no trailing whitespace), laid out at
+    `width` columns: a report inside an exception's message, say."""
+    import io
+
+    c = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False,
+                highlight=False, legacy_windows=False)
+    c.print(renderable)
+    return "\n".join(line.rstrip() for line in c.file.getvalue().splitlines()).strip("\n")
+
+
 def consoles() -> tuple[Console, Console]:
     """(stdout console, stderr console)."""
     return console(), console(stderr=True)
 
 
-__all__ = ["PIPED_WIDTH", "Held", "TrimmedStdout", "console", "consoles", "width_from_env"]
+__all__ = ["PIPED_WIDTH", "Held", "TrimmedStdout", "as_text", "console", "consoles",
+           "width_from_env"]
