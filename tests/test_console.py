@@ -23,6 +23,8 @@ COMMANDS = [
     ["attention", "samples/causal.npz", "--causal", "--head", "1", "--query", "2",
      "--block-q", "4", "--block-k", "2", "--splits", "2"],
     ["attention", "samples/causal.npz", "--dtype", "bf16"],
+    ["backward", "samples/q.npy", "samples/k.npy", "samples/v.npy", "samples/do.npy",
+     "--causal", "--block-q", "4", "--block-k", "4"],
     ["overflow-demo"],
     ["merge", "samples/partials/o0.npy", "samples/partials/lse0.npy",
      "samples/partials/o1.npy", "samples/partials/lse1.npy"],

@@ -1,4 +1,4 @@
-"""--svg FILE and --html FILE (issue 13, item 6): what trace and attention print, exported
+"""--svg FILE and --html FILE (issue 13, item 6): what trace, attention and backward print, exported
 through rich's recording console, written with the command's other files all or none, and the
 one-line `exports` decorator any command (the backward pass's) takes them from."""
 
@@ -51,6 +51,16 @@ def test_attention_exports_with_its_other_files(runner, tmp_path):
     assert "‖O‖" in paths["a.html"].read_text(encoding="utf-8")
     assert "2.088986" in _svg_text(paths["a.svg"].read_text(encoding="utf-8"))
     assert sorted(os.listdir(tmp_path)) == sorted(paths)  # no temporaries
+
+
+def test_backward_exports_with_its_gradients(runner, tmp_path):
+    """osm backward took the export with its one line: the traces and the dQ it writes."""
+    r = runner.invoke(app, ["backward", "samples/q.npy", "samples/k.npy", "samples/v.npy",
+                            "samples/do.npy", "--causal", "--dq", str(tmp_path / "dq.npy"),
+                            "--svg", str(tmp_path / "b.svg")])
+    assert r.exit_code == 0, r.output
+    assert sorted(os.listdir(tmp_path)) == ["b.svg", "dq.npy"]
+    assert "dQ_i over the K/V tiles" in _svg_text((tmp_path / "b.svg").read_text())
 
 
 def test_export_refuses_json_and_step(runner, tmp_path):

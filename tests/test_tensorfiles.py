@@ -126,6 +126,25 @@ def test_every_reader_takes_safetensors(runner, tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout)["row_lse"] == pytest.approx(np.log(4))
 
 
+def test_backward_takes_a_safetensors_bundle_and_raw_npy(runner, tmp_path):
+    """osm backward's q, k, v, do (and o, lse) by name from one .safetensors, the same numbers
+    as from the .npz; and its four .npy files as bf16 |V2 with --input-dtype."""
+    z = dict(np.load("samples/backward_tiny.npz"))
+    stn.save_file(z, str(tmp_path / "tiny.safetensors"))
+    a = invoke(runner, "backward", "samples/backward_tiny.npz", "--scale", "1", "--json")
+    b = invoke(runner, "backward", tmp_path / "tiny.safetensors", "--scale", "1", "--json")
+    assert a.exit_code == 0 and b.exit_code == 0, b.output
+    assert json.loads(a.stdout)["errors"] == json.loads(b.stdout)["errors"]
+    rng = np.random.default_rng(4)
+    for n in ("q", "k", "v", "do"):
+        np.save(tmp_path / f"{n}.npy", rng.normal(0, 1, (2, 16, 8)).astype(BF16))
+    files = [tmp_path / f"{n}.npy" for n in ("q", "k", "v", "do")]
+    r = invoke(runner, "backward", *files)
+    assert r.exit_code == 1 and "pass --input-dtype bf16" in r.stderr
+    r = invoke(runner, "backward", *files, "--input-dtype", "bf16", "--json")
+    assert r.exit_code == 0, r.output
+
+
 def test_a_broken_safetensors_file_is_one_error_line(runner, tmp_path, kernel):
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     r = invoke(runner, "attention", tmp_path / "bad.safetensors")

@@ -158,6 +158,35 @@ def test_attention_tables_keep_their_numbers(runner, inputs, width, args):
     present(text, [d["max_abs_err"], d["max_lse_err"]], "summary")
 
 
+BACKWARDS = [
+    ["samples/q.npy", "samples/k.npy", "samples/v.npy", "samples/do.npy", "--causal",
+     "--block-q", "4", "--block-k", "4", "--key", "5", "--query", "6", "--head", "1"],
+    ["samples/backward_tiny.npz", "--scale", "1", "--block-k", "1", "--dtype", "bf16"],
+    ["{d}/bwd.npz", "--causal", "--block-q", "32", "--block-k", "16", "--query", "90",
+     "--key", "20", "--all"],
+]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("args", BACKWARDS, ids=lambda a: " ".join(a))
+def test_backward_tables_keep_their_numbers(runner, inputs, width, args):
+    """Both traces (key row J over the Q tiles, query row I over the K/V tiles)."""
+    if "{d}/bwd.npz" in args and not (inputs / "bwd.npz").exists():
+        z = np.load(inputs / "wide.npz")
+        do = np.random.default_rng(2).normal(0, 1, z["q"].shape).astype(np.float32)
+        np.savez(inputs / "bwd.npz", q=z["q"], k=z["k"], v=z["v"], do=do)
+    args = [a.format(d=inputs) for a in args]
+    text = screen(runner, width, "backward", *args)
+    fits(text, width)
+    d = doc(runner, "backward", *args)
+    for s in d["key_trace"] if "--all" in args else _visible(d["key_trace"]):
+        present(text, [s["dk_norm"], s["dv_norm"], *([] if s["masked"] else [s["p_max"]])],
+                f"Q tile {s['block']}")
+    for s in d["query_trace"] if "--all" in args else _visible(d["query_trace"]):
+        present(text, [s["dq_norm"], *([] if s["masked"] else [s["ds_sum"]])],
+                f"K/V tile {s['block']}")
+
+
 OVERFLOWS = [[], ["-inf", "-1", "2", "--dtype", "fp16"],
              ["1000", "2000", "3000", "4000", "--dtype", "e4m3", "--dtype", "e5m2"],
              [str(x) for x in range(1, 13)]]

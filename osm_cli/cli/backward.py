@@ -13,7 +13,16 @@ import typer
 
 from osm_cli.errors import OsmError
 
-from .common import check_outputs, emit_json, guarded, out, progress, save, score_options
+from .common import (
+    check_outputs,
+    emit_json,
+    exports,
+    guarded,
+    out,
+    progress,
+    save,
+    score_options,
+)
 from .options import (
     Align,
     BatchOpt,
@@ -22,6 +31,7 @@ from .options import (
     CausalOpt,
     DtypeOpt,
     HeadOpt,
+    InputDtypeOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
@@ -40,10 +50,11 @@ def _write(name: str, what: str):
 
 
 @guarded
+@exports
 def backward(
     files: Annotated[list[str], typer.Argument(
-        help="Q K V DO as four .npy files, or one .npz holding q, k, v, do (and optionally the "
-             "forward's o and lse).")],
+        help="Q K V DO as four tensor files (.npy, .safetensors), or one .npz or .safetensors "
+             "holding q, k, v, do (and optionally the forward's o and lse).")],
     o_path: Annotated[str | None, typer.Option(
         "--o", help="The forward's saved O (.npy), e.g. a kernel's; give --lse with it.")] = None,
     lse_path: Annotated[str | None, typer.Option(
@@ -71,6 +82,7 @@ def backward(
     no_reference: NoReferenceOpt = False,
     show_all: ShowAllOpt = False,
     csv: csv_option("both traces") = None,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
     """The backward pass of attention: dQ, dK, dV by FA2's Algorithm 2, traced tile by tile.
@@ -89,7 +101,7 @@ def backward(
     """
     from osm_cli import io
     from osm_cli.attention.options import Tiling
-    from osm_cli.precision.dtypes import round_inputs
+    from osm_cli.precision.dtypes import round_inputs, shared_narrow
     from osm_cli.precision.model import prepare, storable
     from osm_cli.present import backward as render
     from osm_cli.present import csv as export
@@ -100,12 +112,14 @@ def backward(
     if (o_path is None) != (lse_path is None):
         raise OsmError("give --o and --lse together (the forward's saved O and LSE), or "
                        "neither (osm runs its own forward)")
-    given = io.load_backward(files)
+    given = io.load_backward(files, input_dtype)
     for name, path in (("out", o_path), ("lse", lse_path)):
         if path is not None:
-            given[name] = io.load_array(Path(path))
+            given[name] = io.load_array(Path(path), raw_as=input_dtype)
             io.check_real(given[name], path)
     opts = score_options(causal, causal_align, window, mask, scale, layout)
+    # bfloat16 or float8 inputs can only come from a kernel in that dtype: its model
+    dtype = dtype or shared_narrow(given["q"], given["k"], given["v"])
     lab, (q, k, v), notes = prepare(dtype, None, None, given["q"], given["k"], given["v"])
     do = given["do"]
     if lab is not None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import agreement, fill, fit, kv_table, num, pass_fail
+from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
 from .verdicts import rounding_text, rule_text
 
 GRADS = ("dq", "dk", "dv")
