@@ -1,8 +1,8 @@
 """Tiled attention backward in FlashAttention-2's loop order (FA2 §3.1, Algorithm 2), with the
 traces of one key row and one query row.
 
-plan → tile loop → assemble, as the forward. The forward's plan (inputs grouped by kv head, the
-tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row; then the outer
+plan → tile loop → assemble, as the forward. The forward's plan (plan.py: inputs grouped by
+kv head, the tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row; then the outer
 loop walks the K/V tiles (one thread block each on a GPU), the inner loop the Q tiles, and each
 (Q tile, K/V tile) pair's scores come from masks.score_tile, exactly as the forward's, and go
 through core.backward.backward_step. dK_j and dV_j are accumulated per K/V tile, dQ_i across all
@@ -31,9 +31,10 @@ from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.core.record import GradStep
 from osm_cli.errors import InputError
 
-from .forward import Plan, _norm, _plan, attention
+from .forward import attention
 from .masks import mask_about, scale_q, score_tile, tile_kind
 from .options import Hooks, ScoreOptions, Tiling, split_options
+from .plan import Plan, _norm, make_plan
 from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht
 
 
@@ -106,7 +107,7 @@ def attention_backward(
     if own:
         fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
         out, lse = fwd.out, fwd.lse
-    plan = _plan(q, k, v, opts, tiling, hooks, trace_at)
+    plan = make_plan(q, k, v, opts, tiling, hooks, trace_at)
     s = plan.k3.shape[1]
     if trace_at is not None and s and not 0 <= trace_key < s:
         raise InputError(f"traced key {trace_key} is outside K's {s} keys")

@@ -77,20 +77,39 @@ def _sci(ln_x: float) -> str:
 
 
 def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None,
-               mask: np.ndarray | None = None, to: Callable | None = None) -> np.ndarray:
+               mask: np.ndarray | None = None, to: Callable | None = None, *,
+               out: np.ndarray | None = None) -> np.ndarray:
     """S = (Q·scale)·Kᵀ for one tile of rows (qs from scale_q, kT = Kᵀ), then the masks:
-    visible (True = seen) from the band, mask the user's. `to` rounds S and a float mask."""
+    visible (True = seen) from the band, mask the user's. `to` rounds S and a float mask.
+
+    out, if given, is where S is written and masked in place (the fused forward reuses one
+    buffer); the same numbers as without it, so a float mask must not widen S's dtype there.
+    """
+    if out is not None and to is None:
+        return apply_masks(np.matmul(qs, kT, out=out), visible, mask, inplace=True)
     s = qs @ kT if to is None else to(qs @ kT)
     return apply_masks(s, visible, mask, to)
 
 
-def apply_masks(sc: np.ndarray, visible=None, mask=None, to=None) -> np.ndarray:
+def apply_masks(sc: np.ndarray, visible=None, mask=None, to=None, *,
+                inplace: bool = False) -> np.ndarray:
     """Scores with the causal band / window (visible: True = seen) and the user's mask applied:
     a boolean mask hides where False, a float mask is added (rounded by `to` when given).
+    inplace: write into sc itself (no `to`; a float mask of sc's dtype or narrower).
 
     The one place scores get masked: the reference, the tiled forward and the heatmap use it.
     """
     neg = sc.dtype.type(-np.inf)
+    if inplace:
+        if visible is not None:
+            np.copyto(sc, neg, where=~visible)
+        if mask is not None and mask.dtype.kind == "b":
+            np.copyto(sc, neg, where=~mask)
+        elif mask is not None:
+            if np.result_type(sc, mask) != sc.dtype:
+                raise TypeError(f"a {mask.dtype} mask widens {sc.dtype} scores; not in place")
+            np.add(sc, mask, out=sc)
+        return sc
     if visible is not None:
         sc = np.where(visible, sc, neg)
     if mask is not None:

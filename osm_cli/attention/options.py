@@ -4,7 +4,8 @@
   causal (and its alignment), window, a user mask. Everything that computes scores (the tiled
   forward, the one-shot reference, plain attention, the tile maps) takes this one record.
 - `Tiling`: how the forward walks the tiles: block_q, block_k, the update form, the order of
-  the K/V tiles, a lazy-rescale threshold, a key range (one split of a split-KV run).
+  the K/V tiles, a lazy-rescale threshold, a key range (one split of a split-KV run), and
+  whether the rescale step runs fused in place (fast.py) or as core.state writes it.
 - `Hooks`: what a precision model changes: the dtype the state is held in, P's rounding.
 
 `attention(q, k, v, causal=True, block_k=64)` still takes the fields as keywords;
@@ -116,6 +117,7 @@ class Tiling:
     order: np.ndarray | None = None  # a permutation of the K/V tiles; None: forward
     threshold: float = 0.0  # lazy-rescale τ, natural log (docs/numerics.md#lazy-rescale)
     keys: tuple[int, int] | None = None  # run over these keys only (one split of split-KV)
+    fused: bool = True  # fast.py's in-place loop (same bits); False: core.state's step as written
 
     def blocks(self, d: int) -> tuple[int, int]:
         """(block_q, block_k), the defaults filled in, checked positive."""

@@ -2,8 +2,12 @@
 in closed form, and the errors of a run against them.
 
 Computed in float64 a chunk of query rows at a time (the full t × s matrix is never held),
-with the same score_tile, masks and GQA head map as the tiled forward. With `rnd` each op is
-rounded instead, which is how precision/model.py's plain same-dtype attention is made.
+with the same score_tile, masks and GQA head map as the tiled forward. `_one_shot` is the
+computation as written: core.reference's stable_softmax and logsumexp of each chunk, then P·V.
+`_one_shot_fused`, what runs, is the same arithmetic on the same chunks with each exp done once
+(the stable softmax, its sum and the LSE share it), in place in one buffer per thread, one
+(chunk, head) at a time on a thread per core: the same bits (tests/test_fast.py). With `rnd`
+each op is rounded instead, which is how precision/model.py's plain same-dtype attention is made.
 Leaves out: tiles (forward.py), the softmax oracles themselves (core/reference.py).
 
 Example: out, lse = reference(q, k, v, ScoreOptions(causal=True))
@@ -11,7 +15,9 @@ Example: out, lse = reference(q, k, v, ScoreOptions(causal=True))
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -24,12 +30,12 @@ from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_hea
 
 
 def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None = None,
-              carry=np.float64, **options) -> tuple[np.ndarray, np.ndarray]:
+              carry=np.float64, fused: bool = True, **options) -> tuple[np.ndarray, np.ndarray]:
     """The float64 one-shot (out, lse) for the same conventions as `attention`, shaped alike.
 
     opts (or its fields as keywords: causal=True, …) as attention's. With rnd and carry each
     op is rounded instead (precision/model.py's plain). Rows with every key masked give output
-    0 and LSE -inf.
+    0 and LSE -inf. fused=False runs `_one_shot` as written (the same numbers, slower).
     """
     if options or opts is None:
         opts = split_options(options, opts)[0]
@@ -42,9 +48,12 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
     band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
     full_mask = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask),
                                                               (b, hq, t, s))
-    out, lse = _one_shot(q4, k4[:, heads], v4[:, heads], opts.scale_for(d),
-                         None if band is None else (lambda i0, i1: band.visible(i0, i1, 0, s)),
-                         full_mask, rnd=rnd, carry=carry)
+    visible = None if band is None else (lambda i0, i1: band.visible(i0, i1, 0, s))
+    if fused and rnd is None and np.dtype(carry) == np.float64:
+        out, lse = _one_shot_fused(q4, k4, v4, heads, opts.scale_for(d), visible, full_mask)
+    else:
+        out, lse = _one_shot(q4, k4[:, heads], v4[:, heads], opts.scale_for(d), visible,
+                             full_mask, rnd=rnd, carry=carry)
     nd = np.asarray(q).ndim
     return from_bhnd(out, nd, opts.layout), from_bhnd(lse[..., None], nd, opts.layout)[..., 0]
 
@@ -61,7 +70,7 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
     lse = np.full((b, h, t), -np.inf, dtype=carry)
     if s == 0:  # no keys at all: every row is fully masked
         return out, lse
-    chunk = rows_per_chunk or max(1, (1 << 22) // max(1, b * h * s))
+    chunk = rows_per_chunk or _chunk_rows(b * h, s)
     kT = to(k).swapaxes(-1, -2)
     vc = to(v)
     for i0 in range(0, t, chunk):
@@ -72,6 +81,63 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
         out[..., i0:i1, :] = to(to(stable_softmax(sc)) @ vc)
         lse[..., i0:i1] = logsumexp(sc)
     return out, lse
+
+
+def _chunk_rows(heads: int, s: int) -> int:
+    """Query rows per chunk: about 2²² scores over all heads at once (32 MiB of float64)."""
+    return max(1, (1 << 22) // max(1, heads * s))
+
+
+def _one_shot_fused(q4, k4, v4, heads: np.ndarray, scale: float, visible=None,
+                    mask=None) -> tuple[np.ndarray, np.ndarray]:
+    """_one_shot in float64 without rounding, fused: the same chunks of rows and the same
+    matmuls (BLAS's result can depend on its thread count, so they run as _one_shot's do),
+    each head of a chunk on its own, S turned into P in one buffer with each exp done once,
+    the rows of that work split over a thread per core.
+
+    q4 (B, H, t, d), k4 and v4 (B, Hkv, s, ·), heads[h] the kv head of query head h."""
+    b, h, t, _ = q4.shape
+    s, dv = k4.shape[2], v4.shape[3]
+    out = np.zeros((b, h, t, dv))
+    lse = np.full((b, h, t), -np.inf)
+    if s == 0:  # no keys at all: every row is fully masked
+        return out, lse
+    chunk = _chunk_rows(b * h, s)
+    # K and V of each head in float64 as _one_shot holds them (a row-major (s, ·) matrix)
+    kv = {(i, j): (np.ascontiguousarray(k4[i, j], dtype=np.float64),
+                   np.ascontiguousarray(v4[i, j], dtype=np.float64))
+          for i in range(b) for j in np.unique(heads)}
+    buf = np.empty((min(chunk, t), s))
+    workers = max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        for i0 in range(0, t, chunk):
+            i1 = min(t, i0 + chunk)
+            vis = None if visible is None else visible(i0, i1)
+            cut = np.linspace(0, i1 - i0, workers + 1).astype(int)
+            for i in range(b):
+                for j in range(h):
+                    k, v = kv[i, int(heads[j])]
+                    sc = score_tile(scale_q(q4[i, j, i0:i1], scale, np.float64), k.T, vis,
+                                    None if mask is None else mask[i, j, i0:i1],
+                                    out=buf[:i1 - i0])
+                    parts = [sc[a:z] for a, z in zip(cut[:-1], cut[1:], strict=True)]
+                    lse[i, j, i0:i1] = np.concatenate(list(pool.map(_softmax_rows, parts)))
+                    out[i, j, i0:i1] = sc @ v
+    return out, lse
+
+
+def _softmax_rows(sc: np.ndarray) -> np.ndarray:
+    """sc overwritten by stable_softmax(sc), and logsumexp(sc) returned, with one exp: the
+    maximum (fmax: the same, as sc has no NaN), the guard, the sum and the division of
+    core.reference, in its order."""
+    m = np.fmax.reduce(sc, axis=-1)
+    ref = np.where(np.isneginf(m), 0.0, m)  # a row of only -inf subtracts 0: P = 0, LSE -inf
+    with np.errstate(over="ignore", divide="ignore"):
+        np.exp(np.subtract(sc, ref[:, None], out=sc), out=sc)
+        total = np.add.reduce(sc, axis=-1)
+        lse = ref + np.log(total)
+    np.divide(sc, np.where(total == 0, 1, total)[:, None], out=sc)
+    return lse
 
 
 def reference_backward(q, k, v, do, opts: ScoreOptions | None = None, *,
@@ -106,7 +172,7 @@ def reference_backward(q, k, v, do, opts: ScoreOptions | None = None, *,
     kh, vh = to(k4[:, heads]), to(v4[:, heads])
     dq = np.zeros((b, hq, t, d), carry)
     dk, dvh = np.zeros((b, hq, s, d), carry), np.zeros((b, hq, s, dv), carry)
-    chunk = max(1, (1 << 22) // max(1, b * hq * s))
+    chunk = _chunk_rows(b * hq, s)
     kT, vT = kh.swapaxes(-1, -2), vh.swapaxes(-1, -2)
     for i0 in range(0, t if s else 0, chunk):
         i1 = min(t, i0 + chunk)

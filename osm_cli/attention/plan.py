@@ -1,0 +1,186 @@
+"""The plan of a tiled run and the tiles it visits: what every tile loop shares.
+
+`make_plan` checks Q, K, V and the options once and fixes the tiles; `q_rows` is one Q tile's
+rows scaled and stacked for matmul; `tiles` walks the K/V tiles of one Q tile in the order
+visited, each as masks.score_tile makes it (None where the mask hides the whole tile);
+`row_step` is the traced row's Step for one tile. The forward's two loops over K/V tiles
+(forward.py, the update step of core.state as written; fast.py, the same arithmetic fused in
+place) both run on these, and a backward pass can reuse them.
+Leaves out: the update itself (core/state.py, fast.py), the loop's schedule and the result
+(forward.py).
+
+Example: plan = make_plan(q, k, v, ScoreOptions(causal=True), Tiling(), Hooks(), (0, 0, 0))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from osm_cli.core.record import Step
+from osm_cli.errors import InputError
+
+from .masks import Band, check_mask, check_score_range, make_band, scale_q, score_tile, tile_kind
+from .options import Hooks, ScoreOptions, Tiling
+from .shapes import bhnd_inputs, broadcast_mask, check_finite, check_traced, kv_head
+
+O_SHOWN = 3  # components of O a trace step keeps
+
+
+@dataclass
+class Counts:
+    """What one Q tile's loop counted: K/V tiles computed and skipped, rescales, row visits."""
+
+    computed: int = 0
+    skipped: int = 0
+    rescales: int = 0
+    row_visits: int = 0
+
+    def __iadd__(self, other: Counts) -> Counts:
+        self.computed += other.computed
+        self.skipped += other.skipped
+        self.rescales += other.rescales
+        self.row_visits += other.row_visits
+        return self
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the tile loop needs, fixed once: the inputs grouped by kv head, the tiles,
+    the masks, the state's dtype and where the traced row is."""
+
+    q5: np.ndarray  # (B, Hkv, g, t, d): the g query heads that share a kv head
+    k3: np.ndarray  # (B·Hkv, s, d)
+    v3: np.ndarray  # (B·Hkv, s, dv)
+    t: int
+    bq: int
+    bk: int
+    k0: int
+    k1: int
+    starts: tuple[int, ...]  # first key of each K/V tile, in the order visited
+    band: Band | None
+    user_mask: np.ndarray | None  # (B, Hkv, g, t, s)
+    accum: np.dtype
+    scale: float
+    traced: tuple  # (batch, head, query) or (-1, -1, -1)
+    at_row: tuple  # the traced row as (batch, kv head, query head within its group)
+
+    @property
+    def groups(self) -> tuple[int, int, int]:
+        b, hk, g = self.q5.shape[:3]
+        return b, hk, g
+
+    @property
+    def q_starts(self) -> range:
+        """The first query row of each Q tile."""
+        return range(0, self.t, self.bq)
+
+    def tile_work(self, i0: int) -> int:
+        """How many K/V tiles the Q tile at i0 computes (the causal band and window skip some;
+        the user's mask is not looked at): for scheduling the heaviest tiles first."""
+        i1 = min(self.t, i0 + self.bq)
+        if self.band is None:
+            return len(self.starts)
+        return sum(self.band.tile(i0, i1, j0, min(self.k1, j0 + self.bk)) != "skip"
+                   for j0 in self.starts)
+
+
+def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_at) -> Plan:
+    """Check the inputs and fix what every Q tile shares."""
+    q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
+    b, hq, t, d = q4.shape
+    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    g = hq // hk
+    bq, bk = tiling.blocks(d)
+    accum = hooks.accum
+    if accum is None:
+        accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
+    q_max, k_max, _ = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K"), (v4, "V")))
+    check_score_range(q4, k4, opts.scale_for(d), accum, q_max, k_max)
+    band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
+    mask = check_mask(opts.mask)
+    user_mask = None
+    if mask is not None:
+        user_mask = broadcast_mask(mask, (b, hq, t, s)).reshape(b, hk, g, t, s)
+    k0, k1 = (0, s) if tiling.keys is None else tiling.keys
+    if not 0 <= k0 <= k1 <= s:
+        raise InputError(f"key range {k0}:{k1} is outside 0:{s}")
+    starts = list(range(k0, k1, bk))
+    if tiling.order is not None:
+        if sorted(int(i) for i in tiling.order) != list(range(len(starts))):
+            raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
+        starts = [starts[int(i)] for i in tiling.order]
+    check_traced(trace_at, (b, hq, t))
+    tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
+    # One matmul per kv head: the g query heads that share it are stacked as rows of one tile
+    # (G = B·Hkv batches of g·n rows), so BLAS sees a few large 3-D products, not many small ones.
+    return Plan(
+        q4.reshape(b, hk, g, t, d), k4.reshape(b * hk, s, d), v4.reshape(b * hk, s, dv), t,
+        bq, bk, k0, k1, tuple(starts), band, user_mask, np.dtype(accum), opts.scale_for(d),
+        (tb, th, ti), (tb, kv_head(th, hq, hk), th % g),
+    )
+
+
+def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
+    """The Q tile at i0 as (B·Hkv, g·n, d) rows, scaled (masks.scale_q); its row count n; and
+    where the traced row sits in it as (batch·kv head, row), or None when it is elsewhere."""
+    b, hk, g = plan.groups
+    i1 = min(plan.t, i0 + plan.bq)
+    n = i1 - i0
+    d = plan.q5.shape[-1]
+    qt = scale_q(plan.q5[..., i0:i1, :], plan.scale, plan.accum).reshape(b * hk, g * n, d)
+    ti = plan.traced[2]
+    at = None
+    if plan.traced[0] >= 0 and i0 <= ti < i1:
+        at = (plan.at_row[0] * hk + plan.at_row[1], plan.at_row[2] * n + ti - i0)
+    return qt, n, at
+
+
+def tiles(plan: Plan, i0: int, qt: np.ndarray,
+          out: Callable[[int], np.ndarray] | None = None) -> Iterator[tuple]:
+    """(tile bounds, S or None where the mask hides the tile, V rows) for the Q tile at i0,
+    in visiting order; the bounds are (tile index, first key, stop). out(width), if given,
+    is the buffer each tile's S is written into (score_tile's out)."""
+    b, hk, g = plan.groups
+    i1 = min(plan.t, i0 + plan.bq)
+    n = i1 - i0
+    acc = plan.accum
+    for j0 in plan.starts:
+        bounds = ((j0 - plan.k0) // plan.bk, j0, min(plan.k1, j0 + plan.bk))
+        j1 = bounds[2]
+        um = None
+        if plan.user_mask is not None:
+            um = plan.user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
+        kind = tile_kind(plan.band, um, i0, i1, j0, j1)
+        if kind == "skip":
+            yield bounds, None, None
+            continue
+        vis = np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1)) if kind == "partial" else None
+        kT = plan.k3[:, j0:j1, :].astype(acc, copy=False).swapaxes(-1, -2)
+        s = score_tile(qt, kT, vis, um, out=None if out is None else out(j1 - j0))
+        yield bounds, s, plan.v3[:, j0:j1, :].astype(acc, copy=False)
+
+
+def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,
+             masked: bool = False) -> Step:
+    """The traced row's Step for one K/V tile, from its values (o: the row's O after it)."""
+    o = np.asarray(o, dtype=np.float64)
+    return Step(*bounds, float(block_max), float(m_prev), float(m), float(alpha), float(l_prev),
+                float(l), masked=masked, o=o[:O_SHOWN].copy(), o_norm=_norm(o))
+
+
+def _norm(x: np.ndarray) -> float:
+    """‖x‖ without overflow on the way (x near 1e300): when the plain norm overflows, again
+    scaled by its largest magnitude first."""
+    with np.errstate(over="ignore"):
+        plain = float(np.linalg.norm(x))
+        top = float(np.abs(x).max(initial=0.0))
+        if math.isfinite(plain) or not math.isfinite(top):
+            return plain
+        return top * float(np.linalg.norm(x / top))  # beyond float64 itself: inf, shown so
+
+
+__all__ = ["O_SHOWN", "Counts", "Plan", "make_plan", "q_rows", "row_step", "tiles"]
