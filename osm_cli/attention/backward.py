@@ -2,12 +2,13 @@
 traces of one key row and one query row.
 
 plan → tile loop → assemble, as the forward. The forward's plan (plan.py: inputs grouped by
-kv head, the tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row; then the outer
-loop walks the K/V tiles (one thread block each on a GPU), the inner loop the Q tiles, and each
-(Q tile, K/V tile) pair's scores come from masks.score_tile, exactly as the forward's, and go
-through core.backward.backward_step. dK_j and dV_j are accumulated per K/V tile, dQ_i across all
-of them (a GPU does this with atomic adds); the score scale is applied once at the end. Tiles the
-mask hides are skipped and counted as in the forward (docs/numerics.md#backward).
+kv head, the tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row;
+then the outer loop walks the K/V tiles (one thread block each on a GPU), the inner loop the Q
+tiles, and each (Q tile, K/V tile) pair's scores come from masks.score_tile, exactly as the
+forward's, and go through core.backward.backward_step. dK_j and dV_j are accumulated per K/V
+tile, dQ_i across all of them (a GPU does this with atomic adds); the score scale is applied
+once at the end. Tiles the mask hides are skipped and counted as in the forward
+(docs/numerics.md#backward).
 Memory is O(N·d) plus one tile per worker: no N×N matrix.
 
 Leaves out: the forward (forward.py), rounding models (precision/), the closed-form reference
