@@ -83,6 +83,15 @@ class ScoreOptions:
     def scale_for(self, d: int) -> float:
         return default_scale(d) if self.scale is None else self.scale
 
+    def for_sequence(self, b: int) -> ScoreOptions:
+        """The options of sequence b of a packed or paged batch, run as a dense (1, H, n, d)
+        problem: no packing, layout bhnd, its row of (B, H) ALiBi slopes."""
+        slopes = self.alibi_slopes
+        if slopes is not None and np.ndim(slopes) == 2:
+            slopes = np.asarray(slopes)[b]
+        return replace(self, layout="bhnd", alibi_slopes=slopes, cu_seqlens_q=None,
+                       cu_seqlens_k=None, seqused_k=None, page_table=None)
+
     @property
     def packing(self):
         """The batch layout as packed.Packing (its `active` is False for a dense batch)."""

@@ -218,6 +218,48 @@ def gather(packed: Packed, seq: Seq, q, k, v) -> tuple[np.ndarray, np.ndarray, n
         (qf, seq.q_rows), (kf, seq.k_rows), (vf, seq.k_rows)))
 
 
+def rows_of(packed: Packed, seq: Seq, x) -> np.ndarray:
+    """An array stored like Q (dO, O, a gradient of Q) cut to sequence seq: (1, H, t, ·)."""
+    xf = np.asarray(x).reshape(-1, *np.shape(x)[-2:])
+    return xf[seq.q_rows].swapaxes(0, 1)[None]
+
+
+def each_sequence(packed: Packed, run, q, k, v, *like_q, trace_at=None) -> list:
+    """run(seq, q_b, k_b, v_b, *like_q_b, trace_b) for every sequence: its dense arrays, the
+    arrays stored like Q cut to it, and the traced (0, head, query) in it or None. trace_at is
+    (sequence, head, query), the query counted within its sequence."""
+    if trace_at is not None:
+        b, h, i = trace_at
+        if not 0 <= b < len(packed.seqs):
+            raise InputError(f"traced sequence {b} is outside the batch's {len(packed.seqs)}")
+        if not 0 <= i < packed.seqs[b].t:
+            raise InputError(f"traced query {i} is outside sequence {b}'s "
+                             f"{packed.seqs[b].t} queries")
+    out = []
+    for seq in packed.seqs:
+        tr = None if trace_at is None or trace_at[0] != seq.index else (0, *trace_at[1:])
+        out.append(run(seq, *gather(packed, seq, q, k, v),
+                       *(rows_of(packed, seq, x) for x in like_q), tr))
+    return out
+
+
+def tile_pages(seq: Seq, start: int, stop: int) -> tuple[int, ...] | None:
+    """The physical pages keys start:stop of a paged sequence came from, in key order."""
+    if seq.pages is None:
+        return None
+    return tuple(int(x) for x in dict.fromkeys(seq.pages[start:stop].tolist()))
+
+
+def about(packed: Packed) -> str:
+    """The batch layout in a few words, for the summaries."""
+    tq = [s.t for s in packed.seqs]
+    tk = [s.s for s in packed.seqs]
+    kind = {"packed": "varlen", "paged": f"paged KV ({packed.kv_layout}, page size "
+            f"{packed.page_size})", "batched": "batched K/V"}[packed.kv_mode]
+    return (f"{kind}: {len(packed.seqs)} sequences, queries {min(tq, default=0)}–"
+            f"{max(tq, default=0)}, keys {min(tk, default=0)}–{max(tk, default=0)}")
+
+
 def scatter_rows(packed: Packed, parts: list, dtype, width: int) -> np.ndarray:
     """Per-sequence (1, H, t, width) results (O, or a gradient of Q) as Q is stored."""
     rows = sum(s.t for s in packed.seqs) if packed.q_packed else int(np.prod(packed.q_shape[:2]))
@@ -268,5 +310,6 @@ def scatter_kv(packed: Packed, parts: list, like: np.ndarray) -> np.ndarray:
     return flat.reshape(like.shape)
 
 
-__all__ = ["KV_LAYOUTS", "Packed", "Packing", "Seq", "flat_kv", "gather", "lse_parts",
-           "plan_packing", "scatter_kv", "scatter_lse", "scatter_rows"]
+__all__ = ["KV_LAYOUTS", "Packed", "Packing", "Seq", "about", "each_sequence", "flat_kv",
+           "gather", "lse_parts", "plan_packing", "rows_of", "scatter_kv", "scatter_lse",
+           "scatter_rows", "tile_pages"]

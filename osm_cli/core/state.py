@@ -159,6 +159,19 @@ def merge_step(
     return Update(merged, own.m, w_old, own.m, own.l, w_block)
 
 
+def with_sink(state: State, sink: np.ndarray) -> tuple[State, np.ndarray]:
+    """The state with a sink logit in the softmax's denominator only (docs/numerics.md#sinks):
+    a key of score `sink` whose value is 0, merged like any block by `combine`. m = max(m, sink),
+    l = l·α + exp(sink − m), O = O·α: the output's numerator gets nothing. Returns (state, α).
+
+    Example: with_sink(State(np.array([0.]), np.array([1.])), np.array([0.]))[0].l -> [2.]
+    """
+    sink = np.asarray(sink, dtype=state.m.dtype)
+    o = None if state.o is None else np.zeros_like(state.o)
+    merged, alpha, _ = combine(state, State(sink, np.ones_like(sink), o))
+    return merged, alpha
+
+
 def finalize(state: State) -> tuple[np.ndarray, np.ndarray | None]:
     """(LSE, O / l) from a final state. LSE = m + ln l (natural log).
 
