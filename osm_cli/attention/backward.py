@@ -81,6 +81,9 @@ class Backward:
     group: int = 1  # query heads per kv head (GQA's g)
     dsink: np.ndarray | None = None  # with sinks: dL/dsink per query head, (H,)
     batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
+    softcap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,7 +312,8 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
                                                    np.asarray(opts.mask)),
         len(kinds) - skipped, skipped, len(kinds), int(np.count_nonzero(~np.isfinite(lse4))),
         tuple(grads.key_trace), tuple(grads.query_trace), plan.traced, key,
-        int(kv_head(max(th, 0), hq, hk)), g, dsink,
+        int(kv_head(max(th, 0), hq, hk)), g, dsink, softcap=opts.softcap,
+        alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
     )
 
 
@@ -351,7 +355,8 @@ def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Ho
         totals["tiles_computed"], totals["tiles_skipped"], totals["tiles_total"],
         totals["masked_rows"], () if traced is None else traced.key_trace,
         () if traced is None else traced.query_trace, trace_at or (0, 0, 0), trace_key,
-        ref.kv_head if ref else 0, ref.group if ref else 1, dsink, batch=about(packed))
+        ref.kv_head if ref else 0, ref.group if ref else 1, dsink, batch=about(packed),
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None)
 
 
 __all__ = ["Backward", "attention_backward"]

@@ -127,6 +127,8 @@ class Tiling:
     threshold: float = 0.0  # lazy-rescale τ, natural log (docs/numerics.md#lazy-rescale)
     keys: tuple[int, int] | None = None  # run over these keys only (one split of split-KV)
     fused: bool = True  # fast.py's in-place loop (same bits); False: core.state's step as written
+    reverse: bool = False  # visit the K/V tiles last to first (FA2's and FA4's kernels), after
+    # any order; per sequence of a packed batch
 
     def blocks(self, d: int) -> tuple[int, int]:
         """(block_q, block_k), the defaults filled in, checked positive."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from osm_cli.errors import InputError, ShapeError
 
-KV_LAYOUTS = ("nhd", "hnd")
+from .names import KV_LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -243,6 +243,16 @@ def each_sequence(packed: Packed, run, q, k, v, *like_q, trace_at=None) -> list:
     return out
 
 
+def traced_row(packed: Packed, x, traced: tuple, key: int | None = None) -> np.ndarray:
+    """The traced (sequence, head, query) row of an array stored like Q; with key=j, key j of
+    that sequence in an array stored like K (head = the kv head)."""
+    b, h, i = traced
+    seq = packed.seqs[b]
+    if key is not None:
+        return flat_kv(x, packed)[seq.k_rows[key], h]
+    return np.asarray(x).reshape(-1, *np.shape(x)[-2:])[seq.q_rows[i], h]
+
+
 def tile_pages(seq: Seq, start: int, stop: int) -> tuple[int, ...] | None:
     """The physical pages keys start:stop of a paged sequence came from, in key order."""
     if seq.pages is None:
@@ -312,4 +322,4 @@ def scatter_kv(packed: Packed, parts: list, like: np.ndarray) -> np.ndarray:
 
 __all__ = ["KV_LAYOUTS", "Packed", "Packing", "Seq", "about", "each_sequence", "flat_kv",
            "gather", "lse_parts", "plan_packing", "rows_of", "scatter_kv", "scatter_lse",
-           "scatter_rows", "tile_pages"]
+           "scatter_rows", "tile_pages", "traced_row"]

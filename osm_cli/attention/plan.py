@@ -143,6 +143,8 @@ def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_a
         if sorted(int(i) for i in tiling.order) != list(range(len(starts))):
             raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
         starts = [starts[int(i)] for i in tiling.order]
+    if tiling.reverse:
+        starts = starts[::-1]
     check_traced(trace_at, (b, hq, t))
     tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
     slopes, sinks = (per_head(x, name, b, hq, hk, accum) for x, name in (

@@ -21,6 +21,7 @@ from .common import (
     err,
     exports,
     guarded,
+    kernel_inputs,
     need_plot,
     out,
     present,
@@ -61,6 +62,7 @@ from .options import (
 
 @guarded
 @exports
+@kernel_inputs
 def attention(
     files: Annotated[
         list[str], typer.Argument(help="Q K V as .npy/.safetensors files, or one .npz or "
@@ -115,6 +117,7 @@ def attention(
         "pip install 'osm-cli[plot]').")] = None,
     step: StepOpt = False,
     as_json: JsonOpt = False,
+    inputs=None,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
 
@@ -140,7 +143,10 @@ def attention(
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
     q, k, v = io.load_qkv(files, input_dtype)
-    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, q)
+    if opts.packing.active and (plot or step):
+        raise OsmError("--plot and --step draw one dense head; a varlen or paged batch runs "
+                       "its sequences one by one (its trace is in the table, --csv, --json)")
     dtype = dtype or shared_narrow(q, k, v)  # bfloat16 or float8 inputs: that kernel's model
     lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
                                          accum and accum.value, q, k, v)
@@ -154,7 +160,7 @@ def attention(
         rep = attention_report(
             q, k, v, opts, tiling, model=lab, notes=notes, splits=splits, order=order.value,
             seed=seed, with_reference=not no_reference, progress=tick,
-            masked_lse=masked_lse.value, trace_at=(batch, head, query))
+            masked_lse=masked_lse.value, trace_at=inputs.traced(batch, head, query))
     res = rep.result
     save((out_path, rep.stored_out, None), (lse_path, res.lse, None),
          *attention_files(csv, plot, res, q, k, opts, files))
@@ -172,6 +178,7 @@ def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options
 
 
 @guarded
+@kernel_inputs
 def check(
     files: Annotated[list[str], typer.Argument(
         help="BUNDLE: one .npz or .safetensors holding out, q, k, v (and any of lse, do, dq, dk, "
@@ -202,6 +209,7 @@ def check(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
+    inputs=None,
 ):
     """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
 
@@ -228,7 +236,7 @@ def check(
                        {"do": do, "dq": dq, "dk": dk, "dv": dv})
     o, name = t.pop("out"), t.pop("name")
     dt = dtype or output_dtype(o, name)
-    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, t["q"])
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
                 opts=opts, grad_rule=grad_rule.value, **t)
     if as_json:

@@ -18,6 +18,7 @@ from .common import (
     emit_json,
     exports,
     guarded,
+    kernel_inputs,
     out,
     progress,
     save,
@@ -51,6 +52,7 @@ def _write(name: str, what: str):
 
 @guarded
 @exports
+@kernel_inputs
 def backward(
     files: Annotated[list[str], typer.Argument(
         help="Q K V DO as four tensor files (.npy, .safetensors), or one .npz or .safetensors "
@@ -84,6 +86,7 @@ def backward(
     csv: csv_option("both traces") = None,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
+    inputs=None,
 ):
     """The backward pass of attention: dQ, dK, dV by FA2's Algorithm 2, traced tile by tile.
 
@@ -117,7 +120,7 @@ def backward(
         if path is not None:
             given[name] = io.load_array(Path(path), raw_as=input_dtype)
             io.check_real(given[name], path)
-    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, given["q"])
     # bfloat16 or float8 inputs can only come from a kernel in that dtype: its model
     dtype = dtype or shared_narrow(given["q"], given["k"], given["v"])
     lab, (q, k, v), notes = prepare(dtype, None, None, given["q"], given["k"], given["v"])
@@ -129,7 +132,7 @@ def backward(
         rep = backward_report(
             q, k, v, do, opts, Tiling(block_q=block_q, block_k=block_k), out=given.get("out"),
             lse=given.get("lse"), model=lab, notes=notes, with_reference=not no_reference,
-            trace_at=(batch, head, query), trace_key=key, progress=tick)
+            trace_at=inputs.traced(batch, head, query), trace_key=key, progress=tick)
     res = rep.result
 
     def stored(x):

@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -50,9 +51,11 @@ out, err = Screen(), Screen(stderr=True)
 
 
 def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
-                  scale: float | None, layout):
+                  scale: float | None, layout, inputs: KernelInputs | None = None, q=None):
     """attention's ScoreOptions from the shared options, built once per command; a scale of 0 or
-    below is legal, and said to be unusual on stderr."""
+    below is legal, and said to be unusual on stderr. inputs (from @kernel_inputs) adds the
+    kernels' softcap, ALiBi, sinks, varlen and paged KV, their files read here; q (Q as
+    loaded) tells --alibi auto how many heads there are."""
     from osm_cli import io
     from osm_cli.attention.options import ScoreOptions
 
@@ -61,9 +64,95 @@ def score_options(causal: bool, causal_align, window: str | None, mask: str | No
                 else "is negative: each row favours the keys least like its query")
         err.print(f"note: --scale {scale:g} {what}", markup=False, soft_wrap=True)
     win = None if window is None else io.parse_pair(window, "--window")
+    extra = {} if inputs is None else inputs.resolve(q, layout.value)
     return ScoreOptions(causal=causal, scale=scale, layout=layout.value,
                         causal_align=causal_align.value, window=win,
-                        mask=None if mask is None else io.load_mask(mask))
+                        mask=None if mask is None else io.load_mask(mask), **extra)
+
+
+@dataclass(frozen=True)
+class KernelInputs:
+    """The kernels' inputs as the command line gave them (files not yet read)."""
+
+    softcap: float | None = None
+    alibi: str | None = None
+    sinks: str | None = None
+    cu_seqlens_q: str | None = None
+    cu_seqlens_k: str | None = None
+    seqused_k: str | None = None
+    page_table: str | None = None
+    kv_layout: str = "nhd"
+    seq: int | None = None
+
+    @property
+    def packed(self) -> bool:
+        return any(x is not None for x in (self.cu_seqlens_q, self.cu_seqlens_k,
+                                           self.seqused_k, self.page_table))
+
+    def traced(self, batch: int, head: int, query: int) -> tuple[int, int, int]:
+        """The traced row: --seq (for a packed batch) in place of --batch."""
+        return (batch if self.seq is None else self.seq, head, query)
+
+    def resolve(self, q, layout: str) -> dict:
+        """ScoreOptions' keywords: the files read and checked, --alibi auto's slopes made."""
+        import numpy as np
+
+        from osm_cli import io
+        from osm_cli.attention.options import alibi_auto
+
+        def load(path, name, ints=False):
+            arr = io.load_array(Path(path), mmap=False)
+            io.check_real(arr, path)
+            if ints and arr.dtype.kind not in "iu":
+                raise OsmError(f"{path}: {name} must hold integers; it has dtype {arr.dtype}")
+            return arr
+
+        got = {"softcap": self.softcap, "kv_layout": self.kv_layout}
+        for name in ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table"):
+            path = getattr(self, name)
+            if path is not None:
+                got[name] = load(path, "--" + name.replace("_", "-"), ints=True)
+        if self.sinks is not None:
+            got["sinks"] = load(self.sinks, "--sinks")
+        if self.alibi == "auto":
+            shape = np.shape(q)
+            heads = shape[-2] if self.packed or layout == "bnhd" or len(shape) < 3 else (
+                shape[-3])
+            got["alibi_slopes"] = alibi_auto(1 if len(shape) < 3 else heads)
+        elif self.alibi is not None:
+            got["alibi_slopes"] = load(self.alibi, "--alibi")
+        return got
+
+
+def kernel_inputs(fn):
+    """Give a command the kernels' own inputs (--softcap, --alibi, --sinks, --cu-seqlens-q,
+    --cu-seqlens-k, --seqused-k, --page-table, --kv-layout, --seq), passed to it as one
+    KernelInputs keyword `inputs`. One line above its definition (under @guarded)."""
+    import inspect
+
+    from . import options as o
+
+    names = {"softcap": o.SoftcapOpt, "alibi": o.AlibiOpt, "sinks": o.SinksOpt,
+             "cu_seqlens_q": o.CuSeqlensQOpt, "cu_seqlens_k": o.CuSeqlensKOpt,
+             "seqused_k": o.SequsedKOpt, "page_table": o.PageTableOpt,
+             "kv_layout": o.KvLayoutOpt, "seq": o.SeqOpt}
+    sig = inspect.signature(fn, eval_str=True)
+    kept = [p for n, p in sig.parameters.items() if n != "inputs"]
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a,
+                               default=o.KvLayout.nhd if n == "kv_layout" else None)
+             for n, a in names.items()]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        given = {n: kwargs.pop(n, None) for n in names}
+        layout = given["kv_layout"]
+        given["kv_layout"] = "nhd" if layout is None else getattr(layout, "value", layout)
+        return fn(*args, inputs=KernelInputs(**given), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=[*kept, *extra])
+    wrapper.__annotations__ = {**{k: v for k, v in fn.__annotations__.items() if k != "inputs"},
+                               **names}
+    return wrapper
 
 
 def fail(message: str, code: int = 1):

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from osm_cli.attention.names import ALIGNS, LAYOUTS, MASKED_LSE
+from osm_cli.attention.names import ALIGNS, KV_LAYOUTS, LAYOUTS, MASKED_LSE
 from osm_cli.core.names import FORMS, LSE_BASES
 from osm_cli.errors import OsmError
 from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, GRAD_RULES, PRECISIONS, canonical
@@ -162,3 +162,39 @@ NoReferenceOpt = Annotated[
     bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
 ]
 ShowAllOpt = Annotated[bool, typer.Option("--all", help="Show every tile and component.")]
+
+
+def positive_softcap(value: float | None) -> float | None:
+    """--softcap: a positive finite number (FlashAttention's softcap; 0 means none there)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"softcap must be a positive finite number, not {value}")
+    return value
+
+
+# The kernels' own inputs (issue: what real kernels take), added to a command by
+# common.kernel_inputs; their names are the kernels' argument names.
+KvLayout = _choices("KvLayout", KV_LAYOUTS)
+SoftcapOpt = Annotated[float | None, typer.Option(
+    "--softcap", callback=positive_softcap, help="Logit softcap C: a scaled score s becomes "
+    "C·tanh(s/C), before ALiBi and the masks (Gemma 2: 50).")]
+AlibiOpt = Annotated[str | None, typer.Option(
+    "--alibi", metavar="SLOPES.npy|auto", help="ALiBi: −slope·|i + s − t − j| added to the "
+    "scaled scores; slopes (H,) or (B, H), or auto for the standard geometric ones.")]
+SinksOpt = Annotated[str | None, typer.Option(
+    "--sinks", metavar="SINKS.npy", help="Attention sinks: one logit per query head (H,), in "
+    "the softmax's denominator only.")]
+CuSeqlensQOpt = Annotated[str | None, typer.Option(
+    "--cu-seqlens-q", metavar="F.npy", help="varlen: Q packed (total_q, H, d); sequence b is "
+    "rows cu[b]:cu[b+1] (int, length B + 1, from 0).")]
+CuSeqlensKOpt = Annotated[str | None, typer.Option(
+    "--cu-seqlens-k", metavar="F.npy", help="varlen: K/V packed (total_k, Hkv, d).")]
+SequsedKOpt = Annotated[str | None, typer.Option(
+    "--seqused-k", metavar="F.npy", help="Keys each sequence uses (B,): a paged cache's length.")]
+PageTableOpt = Annotated[str | None, typer.Option(
+    "--page-table", metavar="F.npy", help="Paged KV: (B, max_pages) page indices into K/V "
+    "caches (num_pages, page_size, Hkv, d); needs --seqused-k.")]
+KvLayoutOpt = Annotated[KvLayout, typer.Option(
+    "--kv-layout", help="A paged cache's layout: nhd (FlashAttention) or hnd (FlashInfer).")]
+SeqOpt = Annotated[int | None, typer.Option(
+    "--seq", min=0, help="varlen or paged: the sequence of the traced row (--query counts "
+    "within it).")]

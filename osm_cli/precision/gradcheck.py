@@ -62,7 +62,7 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
                 refs: dict | None = None) -> tuple[GradCheck, ...]:
     """Judge each gradient of `given` (dq, dk, dv: the kernel's) for dtype-valued q, k, v, do;
     refs, if the caller has them, are the float64 gradients (reference_backward's)."""
-    from .check import worst  # check.py judges the output and calls here for the gradients
+    from .check import view_of, worst  # check.py judges the output and calls here
 
     if rule not in GRAD_RULES:
         raise OsmError(f"gradient rule must be one of {', '.join(GRAD_RULES)}, not {rule!r}")
@@ -86,7 +86,8 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
         ref = refs[name]
         ref_d = round_to(ref, dt, np.float64)
         r = _fa_rule(g, ref_d, pts[name], dt, GRAD_RULES[rule])
-        rows, heads, over = worst(g, ref_d, None, r.bound, dt, opts.layout, top)
+        rows, heads, over = worst(g, ref_d, None, r.bound, dt,
+                                  view_of(opts, "q" if name == "dq" else "k"), top)
         out.append(GradCheck(
             name, r, max_abs(np.asarray(g, dtype=np.float64) - ref),
             max_abs(np.asarray(pts[name], dtype=np.float64) - ref),

@@ -27,6 +27,7 @@ def attention_summary(res, ref_err: dict | None) -> Table:
         ("causal", f"yes ({res.align})" if res.causal else "no"),
         ("window", window),
         ("mask", res.mask),
+        *kernel_inputs_rows(res),
     ]
     if res.one_shot:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
@@ -48,6 +49,21 @@ def attention_summary(res, ref_err: dict | None) -> Table:
             ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
         ]
     return kv_table(rows)
+
+
+def kernel_inputs_rows(res) -> list:
+    """The summary's lines for the kernels' inputs a run took (softcap, ALiBi, sinks, a varlen
+    or paged batch); none for a plain run. res: an Attention or Backward record."""
+    rows = []
+    if getattr(res, "batch", ""):
+        rows.append(("batch", res.batch))
+    if getattr(res, "softcap", None) is not None:
+        rows.append(("softcap", f"{res.softcap:g}: s → {res.softcap:g}·tanh(s/{res.softcap:g})"))
+    if getattr(res, "alibi", False):
+        rows.append(("ALiBi", "−slope·|i + s − t − j| added to the scores"))
+    if getattr(res, "sinks", False):
+        rows.append(("sinks", "per-head logits in the denominator (trace: last row)"))
+    return rows
 
 
 def attention_heads(rep) -> list:
@@ -106,11 +122,22 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
         t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
     t.add_column("‖O‖", **nc)
 
+    pages = any(st.pages for st in res.trace)
+    if pages:
+        t.add_column("pages", **nc)
+
     def row(n):
         s = res.trace[n]
+        extra = [",".join(map(str, s.pages or ()))] if pages else []
         if s.masked:
             return [str(s.block), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
-                    num(s.m, d), "", num(s.l, d), *([""] if with_o else []), ""]
+                    num(s.m, d), "", num(s.l, d), *([""] if with_o else []), "", *extra]
+        if s.sink:  # not a tile: the sink joins l as a key of value 0
+            m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
+            l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
+            o = [values(s.o, max(3, d - 3), shown)] if with_o else []
+            return ["sink", "", Text.assemble("σ ", num(s.block_max, d)), m, num(s.alpha, d),
+                    l_, *o, num(s.o_norm, d), *extra]
         alpha = num(s.alpha, d)
         if s.rescaled:
             alpha.stylize("bold yellow")
@@ -120,10 +147,11 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
         l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
         o = [values(s.o, max(3, d - 3), shown)] if with_o else []
         return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
-                num(s.o_norm, d)]
+                num(s.o_norm, d), *extra]
 
     fill(t, len(res.trace), row, show_all)
-    title = f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
+    what = "sequence" if getattr(res, "batch", "") else "batch"
+    title = f"trace of {what} {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
     if not with_o:
         title += f"\n(O[:{shown}] left out at this width: --csv or --json has it)"
     if not arrows:

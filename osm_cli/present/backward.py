@@ -12,6 +12,7 @@ from rich import box
 from rich.console import Group
 from rich.text import Text
 
+from .attention import kernel_inputs_rows
 from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
 from .verdicts import rounding_text, rule_text
 
@@ -31,6 +32,7 @@ def backward_summary(rep) -> Table:
         ("causal", f"yes ({r.align})" if r.causal else "no"),
         ("window", window),
         ("mask", r.mask),
+        *kernel_inputs_rows(r),
         ("forward", forward),
         ("D = rowsum(dO∘O)", _range(d)),
         ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "
@@ -40,7 +42,9 @@ def backward_summary(rep) -> Table:
     if rep.errors is None:
         rows.append(("reference", "skipped (--no-reference)"))
     else:
-        for name, label in (("dq", "dQ"), ("dk", "dK"), ("dv", "dV")):
+        for name, label in (("dq", "dQ"), ("dk", "dK"), ("dv", "dV"), ("dsink", "dsink")):
+            if name not in rep.errors:
+                continue
             e = rep.errors[name]
             rows.append((f"max |{label} − ref|", Text.assemble(
                 num(e["max_abs_err"], 3), " (relative ", num(e["max_rel_err"], 3), ")")))
@@ -107,11 +111,12 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
         return cells + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
 
     fill(t, len(steps), row, show_all)
+    what = "sequence" if r.batch else "batch"
     if key:
-        title = (f"key {r.traced_key} of batch {b}, kv head {r.kv_head} ({_heads_of(r)}): "
+        title = (f"key {r.traced_key} of {what} {b}, kv head {r.kv_head} ({_heads_of(r)}): "
                  "dK_j, dV_j over the Q tiles, start 0")
     else:
-        title = f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0"
+        title = f"query {i} of {what} {b}, head {h}: dQ_i over the K/V tiles, start 0"
     return Group(Text(title), t)
 
 
