@@ -227,6 +227,7 @@ def check(
       osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
       osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
     """
+    from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
     from osm_cli.present import json as documents
@@ -237,6 +238,11 @@ def check(
     o, name = t.pop("out"), t.pop("name")
     dt = dtype or output_dtype(o, name)
     opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, t["q"])
+    if len(files) == 1:  # a bundle's own varlen, paged, sink and ALiBi arrays, unless given
+        from dataclasses import replace
+
+        held = io.bundle_inputs(files[0])
+        opts = replace(opts, **{n: x for n, x in held.items() if getattr(opts, n) is None})
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
                 opts=opts, grad_rule=grad_rule.value, **t)
     if as_json:

@@ -4,6 +4,7 @@ all-or-nothing writes (save.py)."""
 from .load import (
     BUNDLE_NAMES,
     TENSOR_SUFFIXES,
+    bundle_inputs,
     check_file,
     check_mask,
     check_not_void,
@@ -26,7 +27,8 @@ from .load import (
 from .save import check_destinations, save_bytes, save_npy, save_text, write_all
 
 __all__ = [
-    "BUNDLE_NAMES", "TENSOR_SUFFIXES", "check_destinations", "check_file", "check_mask",
+    "BUNDLE_NAMES", "TENSOR_SUFFIXES", "bundle_inputs", "check_destinations", "check_file",
+    "check_mask",
     "check_not_void", "check_real", "check_scores", "is_bundle", "is_qkv", "load_array",
     "load_backward", "load_bundle", "load_mask", "load_partials", "load_qkv", "load_scores",
     "parse_pair", "parse_text", "save_bytes", "save_npy", "save_text", "tensor_names", "view_raw",

@@ -318,7 +318,9 @@ def load_bundle(source: str | Path, raw_as: str | None = None,
     if not is_bundle(path):
         raise InputError(f"{path}: give Q K V as three .npy files, or one .npz with q, k, v "
                          "(.safetensors files too)")
-    present = tensor_names(path)
+    names = tensor_names(path)
+    aliases = {n: a for n, a in ALIASES.items() if n not in names and a in names}
+    present = [*names, *aliases]
     missing = [n for n in need if n not in present]
     if missing:
         raise InputError(f"{path}: has no array {missing[0]!r} (it has "
@@ -326,10 +328,35 @@ def load_bundle(source: str | Path, raw_as: str | None = None,
                          f"{', '.join(BUNDLE_NAMES)})")
     bundle = {}
     for key in (n for n in BUNDLE_NAMES if n in present):
-        arr = load_array(path, key=key, raw_as=raw_as)
+        arr = load_array(path, key=aliases.get(key, key), raw_as=raw_as)
         check_not_void(arr, f"{path}: {key}")
         bundle[key] = arr
     return bundle
+
+
+ALIASES = {"k": "k_cache", "v": "v_cache"}  # a paged cache's K and V, as FA names them
+# a bundle's arrays that are the kernels' own inputs (osm's keyword: the names it reads)
+INPUT_NAMES = {"cu_seqlens_q": ("cu_seqlens_q",), "cu_seqlens_k": ("cu_seqlens_k",),
+               "seqused_k": ("seqused_k", "cache_seqlens"), "page_table": ("page_table",
+                                                                           "block_table"),
+               "sinks": ("sinks", "learnable_sink"), "alibi_slopes": ("alibi_slopes",)}
+
+
+def bundle_inputs(source: str | Path) -> dict[str, np.ndarray]:
+    """The kernels' inputs a bundle holds (varlen, paged, sinks, ALiBi), under osm's keyword
+    names; {} for a file that is no bundle. Example: bundle_inputs("fa4_varlen_bf16.npz")"""
+    path = Path(source)
+    if not is_bundle(path):
+        return {}
+    names = tensor_names(path)
+    got = {}
+    for key, aliases in INPUT_NAMES.items():
+        name = next((a for a in aliases if a in names), None)
+        if name is not None:
+            arr = load_array(path, key=name, mmap=False)
+            check_real(arr, f"{path}: {name}")
+            got[key] = arr
+    return got
 
 
 # the names a bundle may give each tensor of the backward (the first is osm's own)
