@@ -185,7 +185,7 @@ def test_one_fused_step_is_rescale_step(dtype, threshold):
     tile.m[:], tile.l[:], tile.o[:] = m, l, o
     buf = tile.s(width)
     buf[:] = s
-    tile.step(buf, v, threshold, None)
+    tile.step(slice(None), buf, v, threshold, None)
     for got, exp in ((tile.m_new, want.state.m), (tile.l, want.state.l), (tile.o, want.state.o),
                      (tile.alpha, want.alpha), (tile.block_max, want.block_max)):
         assert got.dtype == exp.dtype and np.array_equal(got, exp)

@@ -178,9 +178,10 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
         if at is not None:
             steps.append(_trace_step(bounds, before, up, at))
 
+    walk = ((bounds, None if s is None else s[0], v)
+            for bounds, s, v, _ in tiles(plan, (i0,), qt[None]))
     state = start = initial_state(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
-    for bounds, before, up, state in fold(start, tiles(plan, i0, qt), step,  # noqa: B007
-                                          **step_kw):
+    for bounds, before, up, state in fold(start, walk, step, **step_kw):  # noqa: B007
         count(bounds, before, up)
     if plan.sinks is not None:
         state, sink = sink_step(plan, state, n, at)

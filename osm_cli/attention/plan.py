@@ -1,8 +1,9 @@
 """The plan of a tiled run and the tiles it visits: what every tile loop shares.
 
 `make_plan` checks Q, K, V and the options once and fixes the tiles; `q_rows` is one Q tile's
-rows scaled and stacked for matmul; `tiles` walks the K/V tiles of one Q tile in the order
-visited, each as masks.score_tile makes it (None where the mask hides the whole tile);
+rows scaled and stacked for matmul; `tiles` walks the K/V tiles for one Q tile, or a group of
+them stacked, in the order visited, each as masks.score_tile makes it (None where the mask
+hides the whole tile);
 `row_step` is the traced row's Step for one tile. The forward's two loops over K/V tiles
 (forward.py, the update step of core.state as written; fast.py, the same arithmetic fused in
 place) both run on these, and a backward pass can reuse them.
@@ -187,30 +188,45 @@ def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
     return qt, n, at
 
 
-def tiles(plan: Plan, i0: int, qt: np.ndarray,
+def tiles(plan: Plan, group: tuple[int, ...], qt: np.ndarray,
           out: Callable[[int], np.ndarray] | None = None) -> Iterator[tuple]:
-    """(tile bounds, S or None where the mask hides the tile, V rows) for the Q tile at i0,
-    in visiting order; the bounds are (tile index, first key, stop). out(width), if given,
-    is the buffer each tile's S is written into (score_tile's out)."""
+    """The K/V tiles in visiting order for the Q tiles whose first rows are `group` (all of one
+    length; qt their rows stacked, (tiles, B·Hkv, g·n, d)): (bounds, S, V rows, seen) each.
+
+    bounds = (tile index, first key, stop). seen = (c0, c1): the Q tiles group[c0:c1] that see
+    some key of the tile, and S = masks.score_tile for them, (c1 − c0, B·Hkv, g·n, width); S and
+    seen are None where the mask hides the tile from all of them. A band hides a K/V tile from
+    the Q tiles at the ends of a group, never from one between two that see it; a user's mask
+    can, so its groups are of one tile. out(width), if given, is the buffer S is written into
+    (score_tile's out), of the whole group.
+    """
     b, hk, g = plan.groups
-    i1 = min(plan.t, i0 + plan.bq)
-    n = i1 - i0
-    acc = plan.accum
+    n = qt.shape[-2] // g
+    if plan.user_mask is not None and len(group) > 1:
+        raise ValueError("a user's mask runs one Q tile at a time")
     for j0 in plan.starts:
         bounds = ((j0 - plan.k0) // plan.bk, j0, min(plan.k1, j0 + plan.bk))
         j1 = bounds[2]
         um = None
         if plan.user_mask is not None:
-            um = plan.user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
-        kind = tile_kind(plan.band, um, i0, i1, j0, j1)
-        if kind == "skip":
-            yield bounds, None, None
+            um = plan.user_mask[..., group[0]:group[0] + n, j0:j1].reshape(1, b * hk, g * n,
+                                                                             j1 - j0)
+        kinds = [tile_kind(plan.band, um, i0, i0 + n, j0, j1) for i0 in group]
+        seen = [c for c, kind in enumerate(kinds) if kind != "skip"]
+        if not seen:
+            yield bounds, None, None, None
             continue
-        vis = np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1)) if kind == "partial" else None
-        kT = plan.k3[:, j0:j1, :].astype(acc, copy=False).swapaxes(-1, -2)
-        s = score_tile(qt, kT, vis, um, out=None if out is None else out(j1 - j0),
-                       softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1))
-        yield bounds, s, plan.v3[:, j0:j1, :].astype(acc, copy=False)
+        c0, c1 = seen[0], seen[-1] + 1
+        vis = None
+        if "partial" in kinds[c0:c1]:  # (tiles, 1, g·n, width): each Q tile's own band
+            vis = np.stack([plan.band.visible(i0, i0 + n, j0, j1) for i0 in group[c0:c1]])
+            vis = np.tile(vis, (1, g, 1))[:, None]
+        kT = plan.k3[:, j0:j1, :].astype(plan.accum, copy=False).swapaxes(-1, -2)
+        # ALiBi's bias depends on the rows: such runs stack no Q tiles (fast.q_groups)
+        bias = plan.bias(group[0], group[0] + n, j0, j1)
+        s = score_tile(qt[c0:c1], kT, vis, um, out=None if out is None else out(j1 - j0)[c0:c1],
+                       softcap=plan.softcap, bias=bias)
+        yield bounds, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False), (c0, c1)
 
 
 def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,

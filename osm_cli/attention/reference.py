@@ -137,6 +137,9 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
     return out, lse
 
 
+SOFTMAX_BLOCK = 1 << 17  # scores per pass of the fused softmax: 1 MiB of float64, in L2
+
+
 def _chunk_rows(heads: int, s: int) -> int:
     """Query rows per chunk: about 2²² scores over all heads at once (32 MiB of float64)."""
     return max(1, (1 << 22) // max(1, heads * s))
@@ -183,14 +186,19 @@ def _one_shot_fused(q4, k4, v4, heads: np.ndarray, scale: float, visible=None,
 def _softmax_rows(sc: np.ndarray) -> np.ndarray:
     """sc overwritten by stable_softmax(sc), and logsumexp(sc) returned, with one exp: the
     maximum (fmax: the same, as sc has no NaN), the guard, the sum and the division of
-    core.reference, in its order."""
-    m = np.fmax.reduce(sc, axis=-1)
-    ref = np.where(np.isneginf(m), 0.0, m)  # a row of only -inf subtracts 0: P = 0, LSE -inf
-    with np.errstate(over="ignore", divide="ignore"):
-        np.exp(np.subtract(sc, ref[:, None], out=sc), out=sc)
-        total = np.add.reduce(sc, axis=-1)
-        lse = ref + np.log(total)
-    np.divide(sc, np.where(total == 0, 1, total)[:, None], out=sc)
+    core.reference, in its order. A few rows at a time, so that the five passes over them
+    find them in the core's cache (a row of 32768 keys is 256 KiB)."""
+    lse = np.empty(sc.shape[0])
+    step = max(1, SOFTMAX_BLOCK // max(1, sc.shape[1]))
+    for r0 in range(0, sc.shape[0], step):
+        part = sc[r0:r0 + step]
+        m = np.fmax.reduce(part, axis=-1)
+        ref = np.where(np.isneginf(m), 0.0, m)  # a row of only -inf subtracts 0: P = 0, LSE -inf
+        with np.errstate(over="ignore", divide="ignore"):
+            np.exp(np.subtract(part, ref[:, None], out=part), out=part)
+            total = np.add.reduce(part, axis=-1)
+            lse[r0:r0 + step] = ref + np.log(total)
+        np.divide(part, np.where(total == 0, 1, total)[:, None], out=part)
     return lse
 
 
