@@ -20,15 +20,7 @@ from .verdicts import precision_summary
 
 def attention_summary(res, ref_err: dict | None) -> Table:
     """Shapes, conventions, tile counts and the error against the float64 reference."""
-    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
-    rows = [
-        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
-        ("scale", f"{res.scale:.8g}"),
-        ("causal", f"yes ({res.align})" if res.causal else "no"),
-        ("window", window),
-        ("mask", res.mask),
-        *kernel_inputs_rows(res),
-    ]
+    rows = convention_rows(res)
     if res.one_shot:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
@@ -49,6 +41,20 @@ def attention_summary(res, ref_err: dict | None) -> Table:
             ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
         ]
     return kv_table(rows)
+
+
+def convention_rows(res) -> list:
+    """The summary's first lines, the forward's and the backward's alike (an Attention or
+    Backward record): shapes, scale, causal, window, mask and the kernels' inputs."""
+    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
+    return [
+        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
+        ("scale", f"{res.scale:.8g}"),
+        ("causal", f"yes ({res.align})" if res.causal else "no"),
+        ("window", window),
+        ("mask", res.mask),
+        *kernel_inputs_rows(res),
+    ]
 
 
 def kernel_inputs_rows(res) -> list:

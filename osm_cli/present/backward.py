@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Group
 from rich.text import Text
 
-from .attention import kernel_inputs_rows
+from .attention import convention_rows
 from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
 from .verdicts import rounding_text, rule_text
 
@@ -22,17 +22,11 @@ GRADS = ("dq", "dk", "dv")
 def backward_summary(rep) -> Table:
     """Shapes, conventions, D, tile counts and each gradient's error against the reference."""
     r = rep.result
-    window = "none" if r.window is None else f"left {r.window[0]}, right {r.window[1]}"
     d = np.asarray(r.delta, dtype=np.float64)
     forward = ("osm's own (--o and --lse take a kernel's saved O and LSE)" if r.own_forward
                else "given O and LSE (a kernel's saved forward)")
     rows = [
-        ("shapes", f"Q {r.shape_q}  K {r.shape_k}  V {r.shape_v}"),
-        ("scale", f"{r.scale:.8g}"),
-        ("causal", f"yes ({r.align})" if r.causal else "no"),
-        ("window", window),
-        ("mask", r.mask),
-        *kernel_inputs_rows(r),
+        *convention_rows(r),
         ("forward", forward),
         ("D = rowsum(dO∘O)", _range(d)),
         ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "
