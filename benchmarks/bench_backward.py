@@ -61,7 +61,7 @@ def speed(n: int, h: int = 8, d: int = 64) -> None:
     torch_run = torch_backward(q, k, v, do)
     if torch_run is not None:
         contenders["torch backward"] = torch_run
-    best, outs = best_of(contenders)
+    best, outs = best_of(contenders, 3)
     for name, t in best.items():
         print(f"  {name:15} {t:8.3f} s")
     res = outs["osm backward"]
