@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from osm_cli.present import plot as plots
 from osm_cli.present import stepmode
 from osm_cli.present.attention import progress_bar
 from osm_cli.present.console import consoles
-from osm_cli.present.json import write_json
+from osm_cli.present.stream import write_json
 
 out, err = consoles()
 
@@ -70,9 +72,65 @@ def guarded(fn):
 
 
 def emit_json(obj) -> None:
-    """A --json document on stdout, written as it is computed when it is long."""
-    write_json(obj, sys.stdout.write)
-    sys.stdout.write("\n")
+    """A --json document on stdout, written as it is computed when it is long (as bytes, to
+    the text stream's buffer where it has one, by a thread behind the one making it)."""
+    sys.stdout.flush()
+    binary = getattr(sys.stdout, "buffer", None)
+    raw = binary.write if binary is not None else (lambda b: sys.stdout.write(bytes(b).decode()))
+    behind = Behind(raw)
+    try:
+        write_json(obj, behind.write)
+        behind.write(b"\n")
+    finally:
+        behind.close()
+    if binary is not None:
+        binary.flush()
+
+
+class Behind:
+    """write(bytes) done by a thread behind the caller: the kernel's copy of a long document
+    into a file (about a second a GB on the machine benchmarks/bench_memory.py ran on) overlaps
+    the making of the next piece. Small writes are gathered into one; at most `depth` pieces
+    wait; a failure to write is raised in the caller, at its next write or at close()."""
+
+    SMALL = 1 << 16
+
+    def __init__(self, write, depth: int = 4):
+        self._write, self._small = write, bytearray()
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (piece := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._write(piece)
+                except BaseException as exc:  # raised again in the caller
+                    self._error = exc
+
+    def write(self, piece) -> None:
+        if self._error is not None:
+            raise self._error
+        if len(piece) < self.SMALL:
+            self._small += piece
+            if len(self._small) < self.SMALL:
+                return
+            piece, self._small = bytes(self._small), bytearray()
+        elif self._small:
+            self._queue.put(bytes(self._small))
+            self._small = bytearray()
+        self._queue.put(piece)
+
+    def close(self) -> None:
+        if self._small:
+            self._queue.put(bytes(self._small))
+            self._small = bytearray()
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def need_plot(plot) -> None:
