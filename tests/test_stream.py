@@ -103,7 +103,8 @@ def test_step_rows_are_step_docs():
     rep = REPORTS["both forms"]
     for t, lazy in ((0, False), (1, False)):
         cols = next(rep.iter_columns(t))
-        text = "[" + bytes(step_rows(cols, lazy))[2:].decode() + "]"
+        rows, close = step_rows(cols, lazy)
+        text = "[" + (bytes(rows) + close)[2:].decode() + "]"
         want = [documents.step_doc(cols.step(i), lazy) for i in range(len(cols))]
         assert _exact(text) == _exact(dumps(want, indent=None))
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+from numpy.lib.stride_tricks import as_strided
 
 LONG = 1 << 20  # scores: a trace longer than this gets its JSON and CSV through this module
 PAD = 64  # bytes past the end of every buffer, so that a window of any piece's width fits
@@ -71,6 +72,24 @@ def _split(text: bytes, extra: bytes = b"") -> Tokens:
     return Tokens(src, starts, np.concatenate([ends, [len(text) - 1]]) - starts)
 
 
+POW10 = 10 ** np.arange(1, 19, dtype=np.int64)
+
+
+def _ints(x: np.ndarray) -> Tokens:
+    """Tokens of int64 values; for values that count up from 0 or more (block, start, stop),
+    their lengths follow from where they pass each power of ten, not from the text."""
+    text = orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY)
+    if len(x) < 2 or x[0] < 0 or np.any(x[1:] < x[:-1]):
+        return _split(text)
+    passes = np.searchsorted(x, POW10)  # where the values get a 2nd, 3rd, … digit
+    lengths = np.repeat(np.arange(1, 20), np.diff(np.concatenate([[0], passes, [len(x)]])))
+    starts = np.empty(len(x), np.int64)
+    starts[0] = 1
+    np.cumsum(lengths[:-1] + 1, out=starts[1:])
+    starts[1:] += 1
+    return Tokens(_buffer(text), starts, lengths)
+
+
 def choices(*texts: bytes) -> Tokens:
     """Tokens of a column that takes one of a few texts: .take(k) picks texts[k] per row."""
     lengths = np.array([len(t) for t in texts], np.int64)
@@ -93,22 +112,21 @@ def runs(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(change), np.cumsum(change) - 1
 
 
-def numbers(x: np.ndarray, nonfinite: Mapping[str, bytes] = JSON_NONFINITE) -> Tokens:
+def numbers(x: np.ndarray, nonfinite: Mapping[str, bytes] = JSON_NONFINITE, *,
+            repeats: bool = False) -> Tokens:
     """The text of each value of the 1-D array x: bools as true/false, integers as orjson
     writes them, floats (any float dtype, as float64) in orjson's shortest form, non-finite
-    ones as nonfinite["inf"], ["-inf"] or ["nan"]. A column that repeats its values in runs
-    (m and α of a trace) has only the first value of each run written."""
+    ones as nonfinite["inf"], ["-inf"] or ["nan"]. repeats: the column repeats its values in
+    runs (m and α of a trace), so only the first value of each run is written."""
     x = np.asarray(x)
     if x.dtype == bool:
         return BOOLS.take(x.astype(np.intp))
     if x.dtype.kind in "iu":
-        return _split(orjson.dumps(np.ascontiguousarray(x, dtype=np.int64),
-                                   option=orjson.OPT_SERIALIZE_NUMPY))
+        return _ints(np.ascontiguousarray(x, dtype=np.int64))
     x = np.ascontiguousarray(x, dtype=np.float64)
-    if len(x) > 64:
+    if repeats:
         heads, index = runs(x)
-        if len(heads) <= len(x) // 4:
-            return numbers(x[heads], nonfinite).take(index)
+        return numbers(x[heads], nonfinite).take(index)
     extra = b"".join(nonfinite[k] for k in NONFINITE)
     tok = _split(orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY), extra)
     bad = ~np.isfinite(x)
@@ -160,17 +178,25 @@ def joined_fixed(pieces: Sequence[bytes | Tokens], n: int) -> Tokens:
 
 
 def _grid(grid: np.ndarray, pieces, a: int, b: int) -> None:
-    """Rows a..b-1 of `pieces`, whose tokens all have one length each there, into grid."""
-    col = 0
+    """Rows a..b-1 of `pieces`, whose tokens all have one length each there, into grid: the
+    constant text as one row copied to every row, then each token column (read with a stride
+    where its tokens lie evenly spaced, as orjson writes equally long integers)."""
+    template, col, toks = np.zeros(grid.shape[1], np.uint8), 0, []
     for p in pieces:
+        k = len(p) if isinstance(p, bytes) else int(p.lengths[a])
         if isinstance(p, bytes):
-            grid[:, col:col + len(p)] = np.frombuffer(p, np.uint8)
-            col += len(p)
-            continue
-        k = int(p.lengths[a])
-        if k:
-            grid[:, col:col + k] = _window(p.src, k)[p.starts[a:b]].view(np.uint8).reshape(-1, k)
+            template[col:col + k] = np.frombuffer(p, np.uint8)
+        elif k:
+            toks.append((col, k, p.starts[a:b], p.src))
         col += k
+    grid[:] = template
+    for col, k, starts, src in toks:
+        step = int(starts[1] - starts[0]) if len(starts) > 1 else k
+        if np.all(np.diff(starts) == step):
+            text = as_strided(src[starts[0]:], shape=(len(starts), k), strides=(step, 1))
+        else:
+            text = _window(src, k)[starts].view(np.uint8).reshape(-1, k)
+        grid[:, col:col + k] = text
 
 
 def _layout(pieces, n: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -96,14 +96,14 @@ CSV_NONFINITE = {"inf": b"inf", "-inf": b"-inf", "nan": b"nan"}
 
 def csv_rows(form: str, cols, first: int) -> memoryview:
     """steps_csv's lines for the steps of cols (core.record.StepColumns), numbered from first."""
-    def num(x):
-        return bulk.numbers(x, CSV_NONFINITE)
+    def num(x, repeats=False):
+        return bulk.numbers(x, CSV_NONFINITE, repeats=repeats)
 
     merge = (b",", b",", b",") if cols.block_l is None else (
         b",", num(cols.block_m), b",", num(cols.block_l), b",", num(cols.block_weight))
     cells = [num(np.arange(first, first + len(cols))), num(cols.block), num(cols.start),
-             num(cols.stop), num(cols.block_max), num(cols.m_prev), num(cols.m),
-             num(cols.alpha), num(cols.l_prev), num(cols.l), num(cols.rescaled),
+             num(cols.stop), num(cols.block_max), num(cols.m_prev, True), num(cols.m, True),
+             num(cols.alpha, True), num(cols.l_prev), num(cols.l), num(cols.rescaled),
              num(cols.lazy_skipped)]
     pieces: list = [f"{form},".encode()]
     for n, c in enumerate(cells):

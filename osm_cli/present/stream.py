@@ -67,40 +67,56 @@ def _write_steps(obj: StepChunks, write) -> None:
     first = True
     for cols in obj.make():
         for a in range(0, len(cols), SUB):
-            text = step_rows(cols.take(slice(a, a + SUB)), obj.lazy)
+            text, close = step_rows(cols.take(slice(a, a + SUB)), obj.lazy)
             write(text[2:] if first else text)  # the first step has no ", " before it
+            write(close)
             first = False
     write(b"]")
 
 
-def step_rows(cols, lazy: bool = False) -> memoryview:
-    """", {step_doc}" for each step of cols (core.record.StepColumns), keys in step_doc's order.
+def step_rows(cols, lazy: bool = False) -> tuple[memoryview, bytes]:
+    """", {step_doc}" for each step of cols (core.record.StepColumns), keys in step_doc's order,
+    as two pieces of text: all but the end of the last step, and that.
 
-    The pieces that repeat from step to step are laid out once per run: block, start and stop
-    (their lengths change only at powers of ten), m_prev, m and α (which change only at a
-    rescale) and the flags; l_prev is the previous step's l, written once."""
+    Each step is laid out as seven pieces. What repeats from step to step is made once per run:
+    the flags that close one step (true}) with block, start and stop that open the next (their
+    lengths change only at powers of ten), and m_prev, m and α (which change only at a
+    rescale); l_prev is the previous step's l, written once."""
     num = bulk.numbers
     n = len(cols)
-    ints = bulk.joined_fixed([b', {"block": ', num(cols.block), b', "start": ', num(cols.start),
-                              b', "stop": ', num(cols.stop), b', "block_max": '], n)
+    ends = _ends(cols, lazy)
+    opening = bulk.joined_fixed([ends.take(np.arange(-1, n - 1)), b', {"block": ',
+                                 num(cols.block), b', "start": ', num(cols.start), b', "stop": ',
+                                 num(cols.stop), b', "block_max": '], n)
     heads, index = bulk.runs(cols.m_prev, cols.m, cols.alpha)
     state = bulk.joined([b', "m_prev": ', num(cols.m_prev[heads]), b', "m": ',
                          num(cols.m[heads]), b', "scale": ', num(cols.alpha[heads]),
                          b', "l_prev": '], len(heads)).take(index)
     l_prev, l = _shifted(cols.l_prev, cols.l)
+    text = bulk.rows([opening, num(cols.block_max), state, l_prev, b', "l": ', l,
+                      b', "rescaled": '], n)
+    return text, bytes(bulk.rows([ends.take(slice(n - 1, n))], 1))
+
+
+def _ends(cols, lazy: bool) -> bulk.Tokens:
+    """What ends each step after ', "rescaled": ' (its flag, the merge form's block_m,
+    block_l and block_weight, lazy's "skipped", and "}") as tokens, with an empty one
+    appended (what comes before the first step)."""
     flags = [cols.rescaled]
-    tail: list = [b', "rescaled": ', None]
+    pieces: list = [None]
     if cols.block_l is not None:
         flags += [cols.block_m, cols.block_l, cols.block_weight]
-        tail += [b', "block_m": ', None, b', "block_l": ', None, b', "block_weight": ', None]
+        pieces += [b', "block_m": ', None, b', "block_l": ', None, b', "block_weight": ', None]
     if lazy:
         flags.append(cols.lazy_skipped)
-        tail += [b', "skipped": ', None]
+        pieces += [b', "skipped": ', None]
     heads, index = bulk.runs(*flags)
     values = iter(flags)
-    tail = [num(next(values)[heads]) if p is None else p for p in tail]
-    ends = bulk.joined([*tail, b"}"], len(heads)).take(index)
-    return bulk.rows([ints, num(cols.block_max), state, l_prev, b', "l": ', l, ends], n)
+    pieces = [bulk.numbers(next(values)[heads]) if p is None else p for p in pieces]
+    made = bulk.joined([*pieces, b"}"], len(heads))
+    empty = len(heads)  # joined's buffer ends at the last text: an empty token there
+    return bulk.Tokens(made.src, np.append(made.starts, made.starts[-1] + made.lengths[-1]),
+                       np.append(made.lengths, 0)).take(np.append(index, empty))
 
 
 def _shifted(prev: np.ndarray, cur: np.ndarray) -> tuple[bulk.Tokens, bulk.Tokens]:
