@@ -70,22 +70,28 @@ class EagerFold:
         mm = np.empty((rows, c + 1), dtype=self.s2.dtype)
         mm[:, 0] = st.m
         mm[:, 1:] = _reduce(np.maximum, s3)
-        block_max = mm[:, 1:].copy()
+        block_max = mm[:, 1:]  # accumulate below makes a new array: this one stays as it is
         mm = np.maximum.accumulate(mm, axis=1)
         m_prev, m = mm[:, :-1], mm[:, 1:]
-        ref = np.where(np.isneginf(m), np.zeros((), m.dtype), m)
+        finite = bool(np.isfinite(m[:, 0]).all())  # m only grows: then all of it is finite
+        ref = m if finite else np.where(np.isneginf(m), np.zeros((), m.dtype), m)
         with np.errstate(over="ignore"):  # as rescale_step: exp of −inf is rightly 0
             alpha = np.exp(m_prev - ref)
             p = np.subtract(s3, ref[..., None])
         np.exp(p, out=p)
         sums = _reduce(np.add, p)
         del p
-        ls = _running_sums(st.l, alpha, sums, (m > m_prev).any(axis=0))
-        self.rescales += int(np.count_nonzero(moved(m_prev, m)))
+        grew = m > m_prev  # m ≥ m_prev, so where m moved (state.moved without its finite test)
+        ls = _running_sums(st.l, alpha, sums, grew.any(axis=0))
+        if finite:  # m_prev is finite past the first block: only that one can move from -inf
+            self.rescales += int(np.count_nonzero(grew)) - int(np.count_nonzero(
+                grew[:, 0] & np.isneginf(m_prev[:, 0])))
+        else:
+            self.rescales += int(np.count_nonzero(moved(m_prev, m)))
         self.state = State(m[:, -1].copy(), ls[:, -1].copy())
         ks = np.arange(k0, k1, dtype=np.int64)
-        return StepColumns(ks, ks * b, ks * b + b, block_max[r], m_prev[r].copy(), m[r].copy(),
-                           alpha[r], np.concatenate([st.l[r:r + 1], ls[r, :-1]]), ls[r])
+        return StepColumns(ks, ks * b, ks * b + b, block_max[r], m_prev[r], m[r], alpha[r],
+                           np.concatenate([st.l[r:r + 1], ls[r, :-1]]), ls[r])
 
     def _last(self, k: int) -> StepColumns:
         """Fold the last, partial block (k) with rescale_step itself."""
