@@ -2,13 +2,15 @@
 chunk at a time, and its arrays a piece at a time, through orjson and bulk.py, so that neither
 the document nor one Python object per value is ever made.
 
-A small document is json.dumps's text (json.dumps, indented under 100 kB). A long one is on one
-line with json.dumps's separators (", " and ": "), its numbers spelled as orjson spells them
-(the same shortest round-trip digits as Python's repr; 1e-7 for repr's 1e-07, see bulk.py).
+A small document is json.dumps's text (json.dumps, indented under 100 kB). A long one is
+compact JSON on one line, as orjson writes it: no spaces after "," and ":", numbers spelled as
+orjson spells them (the same shortest round-trip digits as Python's repr; 1e-7 for repr's 1e-07,
+see bulk.py). Its size is what costs: at 10⁷ scores in blocks of 2 it is 1.7 GB, and each
+pass over it, even the kernel's copy into a file, takes about a second.
 Leaves out: what the documents hold (json.py), the layout of many values (bulk.py).
 
 Example: write_json({"x": Pieces((3,), lambda: [(0, 1, 0, 3, np.ones((1, 3)))])}, out.write)
-writes b'{"x": [1.0, 1.0, 1.0]}'
+writes b'{"x":[1.0,1.0,1.0]}'
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _write(obj, write) -> None:
     if isinstance(obj, dict):
         write(b"{")
         for n, (key, value) in enumerate(obj.items()):
-            write(f"{', ' if n else ''}{json.dumps(key)}: ".encode())
+            write(f"{',' if n else ''}{json.dumps(key)}:".encode())
             _write(value, write)
         write(b"}")
     elif isinstance(obj, StepChunks):
@@ -58,7 +60,11 @@ def _write(obj, write) -> None:
     elif isinstance(obj, np.ndarray) and obj.size > BIG and obj.dtype.kind == "f":
         write(array_text(obj))
     else:
-        write(json.dumps(jsonable(obj), allow_nan=False).encode())
+        write(_compact(obj))
+
+
+def _compact(obj) -> bytes:
+    return json.dumps(jsonable(obj), allow_nan=False, separators=(",", ":")).encode()
 
 
 def _write_steps(obj: StepChunks, write) -> None:
@@ -68,14 +74,14 @@ def _write_steps(obj: StepChunks, write) -> None:
     for cols in obj.make():
         for a in range(0, len(cols), SUB):
             text, close = step_rows(cols.take(slice(a, a + SUB)), obj.lazy)
-            write(text[2:] if first else text)  # the first step has no ", " before it
+            write(text[1:] if first else text)  # the first step has no "," before it
             write(close)
             first = False
     write(b"]")
 
 
 def step_rows(cols, lazy: bool = False) -> tuple[memoryview, bytes]:
-    """", {step_doc}" for each step of cols (core.record.StepColumns), keys in step_doc's order,
+    """",{step_doc}" for each step of cols (core.record.StepColumns), keys in step_doc's order,
     as two pieces of text: all but the end of the last step, and that.
 
     Each step is laid out as seven pieces. What repeats from step to step is made once per run:
@@ -85,31 +91,31 @@ def step_rows(cols, lazy: bool = False) -> tuple[memoryview, bytes]:
     num = bulk.numbers
     n = len(cols)
     ends = _ends(cols, lazy)
-    opening = bulk.joined_fixed([ends.take(np.arange(-1, n - 1)), b', {"block": ',
-                                 num(cols.block), b', "start": ', num(cols.start), b', "stop": ',
-                                 num(cols.stop), b', "block_max": '], n)
+    opening = bulk.joined_fixed([ends.take(np.arange(-1, n - 1)), b',{"block":',
+                                 num(cols.block), b',"start":', num(cols.start), b',"stop":',
+                                 num(cols.stop), b',"block_max":'], n)
     heads, index = bulk.runs(cols.m_prev, cols.m, cols.alpha)
-    state = bulk.joined([b', "m_prev": ', num(cols.m_prev[heads]), b', "m": ',
-                         num(cols.m[heads]), b', "scale": ', num(cols.alpha[heads]),
-                         b', "l_prev": '], len(heads)).take(index)
+    state = bulk.joined([b',"m_prev":', num(cols.m_prev[heads]), b',"m":', num(cols.m[heads]),
+                         b',"scale":', num(cols.alpha[heads]), b',"l_prev":'],
+                        len(heads)).take(index)
     l_prev, l = _shifted(cols.l_prev, cols.l)
-    text = bulk.rows([opening, num(cols.block_max), state, l_prev, b', "l": ', l,
-                      b', "rescaled": '], n)
+    text = bulk.rows([opening, num(cols.block_max), state, l_prev, b',"l":', l, b',"rescaled":'],
+                     n)
     return text, bytes(bulk.rows([ends.take(slice(n - 1, n))], 1))
 
 
 def _ends(cols, lazy: bool) -> bulk.Tokens:
-    """What ends each step after ', "rescaled": ' (its flag, the merge form's block_m,
+    """What ends each step after ',"rescaled":' (its flag, the merge form's block_m,
     block_l and block_weight, lazy's "skipped", and "}") as tokens, with an empty one
     appended (what comes before the first step)."""
     flags = [cols.rescaled]
     pieces: list = [None]
     if cols.block_l is not None:
         flags += [cols.block_m, cols.block_l, cols.block_weight]
-        pieces += [b', "block_m": ', None, b', "block_l": ', None, b', "block_weight": ', None]
+        pieces += [b',"block_m":', None, b',"block_l":', None, b',"block_weight":', None]
     if lazy:
         flags.append(cols.lazy_skipped)
-        pieces += [b', "skipped": ', None]
+        pieces += [b',"skipped":', None]
     heads, index = bulk.runs(*flags)
     values = iter(flags)
     pieces = [bulk.numbers(next(values)[heads]) if p is None else p for p in pieces]
@@ -130,16 +136,16 @@ def _shifted(prev: np.ndarray, cur: np.ndarray) -> tuple[bulk.Tokens, bulk.Token
 
 
 def array_text(x: np.ndarray) -> bytes:
-    """A float array (1-D or 2-D) as a JSON list (of row lists), json.dumps's separators, the
-    numbers spelled by orjson, non-finite values as "inf", "-inf", "nan"."""
+    """A float array (1-D or 2-D) as a compact JSON list (of row lists), as orjson writes it
+    but for non-finite values, which are "inf", "-inf", "nan" (orjson writes null)."""
     x = np.ascontiguousarray(x, dtype=np.float64)
-    text = orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY).replace(b",", b", ")
+    text = orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY)
     bad = ~np.isfinite(x)
     if bad.any():
         kinds = [k for k, f in (("inf", np.isposinf), ("-inf", np.isneginf), ("nan", np.isnan))
                  if f(x).any()]
         if len(kinds) > 1:  # orjson writes null for each: which was which is lost
-            return json.dumps(jsonable(x), allow_nan=False).encode()
+            return _compact(x)
         text = text.replace(b"null", bulk.JSON_NONFINITE[kinds[0]])
     return text
 
@@ -155,14 +161,14 @@ def _write_pieces(obj: Pieces, write) -> None:
             per = max(1, SUBV // max(n, 1))
             for i in range(0, r1 - r0, per):
                 if r0 + i:
-                    write(b", ")
+                    write(b",")
                 write(memoryview(array_text(values[i:i + per]))[1:-1])
             continue
         if not flat and a == 0:
-            write(b", [" if r0 else b"[")
+            write(b",[" if r0 else b"[")
         for i in range(0, b - a, SUBV):
             if a + i:
-                write(b", ")
+                write(b",")
             write(memoryview(array_text(values[0, i:i + SUBV]))[1:-1])
         if not flat and b == n:
             write(b"]")
