@@ -204,8 +204,10 @@ def _layout(pieces, n: int) -> tuple[np.ndarray, np.ndarray, int]:
 
     Each column's tokens are copied with the width of its longest, in order of the pieces: the
     bytes past a shorter token are written over by the pieces after it in its row. Where they
-    would reach past the row's end, that column is copied exactly, one length at a time."""
+    could reach past the row's end (more than the shortest rest of a row can hold), that column
+    is copied exactly, one length at a time."""
     lens = [len(p) if isinstance(p, bytes) else p.lengths for p in pieces]
+    shortest = [ln if isinstance(ln, int) else int(ln.min(initial=0)) for ln in lens]
     row_len = np.zeros(n, np.int64)
     for ln in lens:
         row_len += ln
@@ -213,24 +215,25 @@ def _layout(pieces, n: int) -> tuple[np.ndarray, np.ndarray, int]:
     np.cumsum(row_len, out=ends[1:])
     total = int(ends[-1])
     out = np.empty(total + PAD, dtype=np.uint8)
-    off, rest = ends[:-1], row_len  # rest: bytes of each row from the current piece on
-    for p, ln in zip(pieces, lens, strict=True):
-        rest = rest - ln
+    off = ends[:-1]
+    for j, (p, ln) in enumerate(zip(pieces, lens, strict=True)):
         if isinstance(p, bytes):
             if p:
                 _window(out, len(p))[off] = np.frombuffer(p, np.dtype((np.void, len(p))))[0]
         elif n:
-            _copy(out, off, p, rest)
-        off = off + ln
+            _copy(out, off, p, sum(shortest[j + 1:]))
+        if j + 1 < len(pieces):
+            off = off + ln
     return out, ends, total
 
 
-def _copy(out: np.ndarray, off: np.ndarray, tok: Tokens, rest: np.ndarray) -> None:
-    """Token i of tok to out[off[i]:]; rest[i]: the bytes of row i after it, written later."""
+def _copy(out: np.ndarray, off: np.ndarray, tok: Tokens, room: int) -> None:
+    """Token i of tok to out[off[i]:]; room: the fewest bytes any row has after it, which are
+    written later."""
     w = tok.width
     if w == 0:
         return
-    if (tok.lengths + rest).min() >= w:
+    if w - int(tok.lengths.min()) <= room:
         _window(out, w)[off] = _window(tok.src, w)[tok.starts]
         return
     for k in np.unique(tok.lengths).tolist():  # exact widths: nothing written past a token
