@@ -7,6 +7,7 @@ Leaves out: the commands themselves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import queue
@@ -81,8 +82,10 @@ def emit_json(obj) -> None:
     try:
         write_json(obj, behind.write)
         behind.write(b"\n")
-    finally:
-        behind.close()
+    except BaseException:
+        behind.abandon()  # an error or Ctrl-C: do not wait for a reader that may never read
+        raise
+    behind.close()
     if binary is not None:
         binary.flush()
 
@@ -127,6 +130,12 @@ class Behind:
             self._queue.put(bytes(self._small))
             self._small = bytearray()
         self._queue.put(piece)
+
+    def abandon(self) -> None:
+        """Stop without waiting: what is queued is dropped (the thread is a daemon)."""
+        self._error = self._error or RuntimeError("abandoned")
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
 
     def close(self) -> None:
         if self._small:
