@@ -175,6 +175,14 @@ def test_rows_lay_out_what_join_would(cols, seps):
     assert bytes(bulk.rows([joined], 6)) == want
 
 
+def test_rows_with_a_short_token_last_in_its_buffer():
+    """The widest token is copied whole for every row: a short one at the very end of its
+    buffer is read past its end, which must stay inside the buffer."""
+    tok = bulk.choices(b"x" * 200, b"y").take(np.array([0, 1, 1]))
+    assert bytes(bulk.rows([tok, b"|" * 250], 3)) == b"x" * 200 + b"|" * 250 + (
+        b"y" + b"|" * 250) * 2
+
+
 def test_joined_fixed_is_joined():
     """Integers that count up past powers of ten, laid out in runs of one width."""
     k = np.arange(95, 1205, dtype=np.int64)

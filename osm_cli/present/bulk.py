@@ -234,7 +234,10 @@ def _copy(out: np.ndarray, off: np.ndarray, tok: Tokens, room: int) -> None:
     if w == 0:
         return
     if w - int(tok.lengths.min()) <= room:
-        _window(out, w)[off] = _window(tok.src, w)[tok.starts]
+        src = tok.src
+        if int(tok.starts.max()) + w > len(src):  # a short token near the end: read past it
+            src = np.concatenate([src, np.zeros(w, np.uint8)])
+        _window(out, w)[off] = _window(src, w)[tok.starts]
         return
     for k in np.unique(tok.lengths).tolist():  # exact widths: nothing written past a token
         at = tok.lengths == k
