@@ -84,6 +84,22 @@ def test_streamed_json_says_what_dumps_says(name, monkeypatch, strict_json):
     assert _exact(text) == small
 
 
+@pytest.mark.parametrize("shape", [(1, 50), (50,), (3, 20), (40, 3)])
+def test_streamed_arrays_in_pieces_of_rows(shape, monkeypatch):
+    """Rows longer than a piece (reports.trace.CHUNK) come in parts, and pieces in sub-pieces
+    (stream.SUBV): the lists still close where they should."""
+    from osm_cli.present import stream
+    from osm_cli.reports import trace as reports
+
+    monkeypatch.setattr(reports, "CHUNK", 7)
+    monkeypatch.setattr(stream, "SUBV", 3)
+    s = np.random.default_rng(3).standard_normal(shape)
+    rep = trace_report(s, 4, row=np.atleast_2d(s).shape[0] - 1, keep=2)
+    small = _exact(dumps(trace_doc(rep), indent=None))
+    monkeypatch.setattr(documents, "STREAM_ABOVE", 0)
+    assert _exact(streamed(trace_doc(rep))) == small
+
+
 @pytest.mark.parametrize("name", ["vector kept ends", "matrix row 2", "both forms", "lazy",
                                   "merge"])
 def test_streamed_csv_says_what_csv_says(name, monkeypatch):
