@@ -93,13 +93,13 @@ def emit_json(obj) -> None:
 class Behind:
     """write(bytes) done by a thread behind the caller: the kernel's copy of a long document
     into a file overlaps the making of the next piece. Small writes are gathered into one, large
-    ones made WRITE bytes at a time (on the machine benchmarks/bench_memory.py ran on, the
-    kernel took 0.4 s to copy 1.6 GB into a file 64 KiB a write, 1.5-5 s 4 MiB a write); at
-    most `depth` pieces wait; a failure to write is raised in the caller, at its next write or
-    at close()."""
+    ones made WRITE bytes at a time (on the machine benchmarks/bench_memory.py ran on, Linux
+    6.18 and ext4, the kernel took 0.4-0.5 s to copy 1.6 GB into a file 64 or 128 KiB a write,
+    1-3 s 1 MiB a write and 1.5-5 s 4 MiB a write); at most `depth` pieces wait; a failure to
+    write is raised in the caller, at its next write or at close()."""
 
     SMALL = 1 << 16
-    WRITE = 1 << 16
+    WRITE = 1 << 17
 
     def __init__(self, write, depth: int = 4):
         self._write, self._small = write, bytearray()

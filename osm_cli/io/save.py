@@ -54,7 +54,7 @@ def check_destinations(paths: Sequence[Path | None], names: Sequence[str] | None
             raise InputError(f"{path}: folder {parent} is not writable")
 
 
-WRITE = 1 << 16  # bytes a write: on Linux 6.18 (ext4) 64 KiB writes cost the kernel a third
+WRITE = 1 << 17  # bytes a write: on Linux 6.18 (ext4) 128 KiB writes cost the kernel a third
 # to a tenth of what 4 MiB ones do (cli/common.py's Behind has the measurement)
 
 
