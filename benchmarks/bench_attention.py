@@ -1,23 +1,36 @@
-"""How fast `osm attention` is, against PyTorch's SDPA and a naive numpy one-shot; and its memory.
+"""How fast `osm attention` is: the forward against PyTorch's SDPA, the float64 reference
+against a chunked float64 torch computation, and the whole command at N = 32768.
 
-Goals (issue 3, item 8):
-  1. fp32, B = 1, H = 8, N = 4096, d = 64: osm's `attention()` forward at most 1.5× the time of
-     torch.nn.functional.scaled_dot_product_attention on the same CPU, and faster than a naive
-     numpy one-shot (np.exp over the full N × N scores);
-  2. causal at most 0.6× osm's own non-causal time (skipped tiles);
-  3. H = 1, N = 32768, d = 64 through the `osm attention` CLI, with the float64 reference check,
-     under 1 GiB peak memory (the child's ru_maxrss from os.wait4).
+Goals (issue 13, speed items 1 and 2; issue 3's faster-than-naive-numpy is kept):
+  1. fp32, B = 1, H = 8, N = 4096, d = 64: osm's `attention()` forward (FA2's tiles, the trace
+     on, as the CLI runs it) at most 1.5× the time of
+     torch.nn.functional.scaled_dot_product_attention with the same thread count, and faster
+     than a naive numpy one-shot (np.exp over the full N × N scores);
+  2. causal at most 0.55× osm's own full time (skipped tiles);
+  3. the float64 reference (attention.reference, which every attention, check and sweep run
+     pays) at H = 4, N = 8192, d = 64 at most 1.2× a chunked float64 torch computation
+     (scale·Q·Kᵀ, logsumexp, softmax·V a chunk of rows at a time; torch gets the fastest of
+     three chunk sizes);
+  4. `osm attention` at H = 1, N = 32768, d = 64 with the reference check: at most 15 s wall and
+     1 GiB peak memory (the child's ru_maxrss from os.wait4).
 
-All times are best of 3 after one warm-up. The BLAS kernels are printed first: the environment
-may pin OpenBLAS (numpy's BLAS, which osm uses) to a core type with OPENBLAS_CORETYPE, while
-PyTorch brings its own MKL/oneDNN, so the two are not always running the same instruction set.
+Each contender runs once untimed, then the contenders take turns, round by round, and the best of
+the rounds is kept (--repeats, default 5), so that load from other work on the same cores falls on
+all of them alike. Beside osm's fused loops (attention/fast.py, reference._one_shot_fused) the
+textbook forms run too (fused=False), and the benchmark says whether their outputs are identical
+on these inputs. The schedule section times the fused forward run four ways (threads over Q
+tiles or not, BLAS threads or not), to show whether attention()'s choice is the best one here.
+The BLAS kernels are printed first: the environment may pin OpenBLAS (numpy's BLAS, which osm
+uses) to a core type with OPENBLAS_CORETYPE, while PyTorch brings its own MKL/oneDNN, so the two
+are not always running the same instruction set.
 
-A program, not a test: `python benchmarks/bench_attention.py [--quick]` (--quick: N = 1024 and
-N = 8192 for a smoke run).
+A program, not a test: `python benchmarks/bench_attention.py [--quick] [--repeats R]`
+(--quick: N = 1024 for the forward, H = 4, N = 2048 for the reference, N = 8192 for the CLI).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -26,25 +39,35 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_info
+from threadpoolctl import threadpool_info, threadpool_limits
 
+from osm_cli.attention.fast import fused_q_tiles, q_groups
 from osm_cli.attention.forward import attention
+from osm_cli.attention.options import Hooks, ScoreOptions, Tiling
+from osm_cli.attention.plan import make_plan
+from osm_cli.attention.reference import reference
 
-REPEATS = 3
 GIB = 1 << 30
 GOAL_VS_TORCH = 1.5
-GOAL_CAUSAL = 0.6
+GOAL_CAUSAL = 0.55
+GOAL_REFERENCE = 1.2
+GOAL_CLI_S = 15.0
+REPEATS = 5
+CLI_ROUNDS = 2
+THREADS = os.cpu_count() or 1
 
 
-def best_of(contenders: dict, repeats: int = REPEATS) -> tuple[dict, dict]:
-    """Best seconds and last result of each contender, after one untimed warm-up each.
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
 
-    The contenders take turns, round by round, so that load from other work on the same cores
-    falls on all of them alike rather than on whichever happened to run during it.
-    """
+
+def best_of(contenders: dict, repeats: int) -> tuple[dict, dict]:
+    """Best seconds and last result of each contender, after one untimed warm-up each, the
+    contenders taking turns round by round."""
     results = {name: fn() for name, fn in contenders.items()}
     best = dict.fromkeys(contenders, math.inf)
     for _ in range(repeats):
@@ -68,11 +91,12 @@ def naive_numpy(q, k, v, causal: bool) -> np.ndarray:
     return s @ v
 
 
-def environment() -> None:
+def environment():
+    """Print the machine, the BLAS libraries and torch; return torch (None if not installed)."""
     try:  # loaded first, so that its OpenMP pool shows in threadpool_info below
-        import torch  # noqa: F401
+        import torch
     except ImportError:
-        pass
+        torch = None
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
           f"{os.cpu_count()} CPU(s): {platform.processor() or platform.machine()}")
     for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -81,70 +105,155 @@ def environment() -> None:
         print(f"  {lib['user_api']:7} {lib['internal_api']:9} version {lib.get('version')}, "
               f"kernel {lib.get('architecture', '-')}, {lib['num_threads']} thread(s): "
               f"{Path(lib['filepath']).name}")
-
-
-def torch_sdpa():
-    try:
-        import torch
-    except ImportError:
-        print("torch is not installed: no PyTorch comparison")
-        return None, None
+    if torch is None:
+        print("  torch is not installed: no PyTorch comparison")
+        return None
+    torch.set_num_threads(THREADS)  # the same thread count as osm's: one per core
     cfg = torch.__config__.show()
     cpu = next((line.strip() for line in cfg.splitlines() if "CPU capability" in line), "")
     blas = re.search(r"BLAS_INFO=(\w+)", cfg)
     print(f"  torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"BLAS {blas.group(1) if blas else '?'}, {cpu.lstrip('- ')}")
-
-    def sdpa(q, k, v, causal):
-        with torch.no_grad():
-            return torch.nn.functional.scaled_dot_product_attention(
-                *(torch.from_numpy(x) for x in (q, k, v)), is_causal=causal).numpy()
-
-    return torch, sdpa
+          f"BLAS {blas.group(1) if blas else '?'}, {cpu.lstrip('- ')}; "
+          f"osm: {THREADS} thread(s)")
+    return torch
 
 
-def forward(n: int, h: int = 8, d: int = 64) -> None:
-    print(f"\n== forward, fp32, B = 1, H = {h}, N = {n}, d = {d} (best of {REPEATS}) ==")
+def sdpa(torch, q, k, v, causal: bool) -> np.ndarray:
+    with torch.no_grad():
+        return torch.nn.functional.scaled_dot_product_attention(
+            *(torch.from_numpy(x) for x in (q, k, v)), is_causal=causal).numpy()
+
+
+def identical(a, b) -> bool:
+    """The same runs: out and lse bit for bit, the same counters and traced steps."""
+    return (np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
+            and (a.tiles_computed, a.tiles_skipped, a.rescales, a.row_visits)
+            == (b.tiles_computed, b.tiles_skipped, b.rescales, b.row_visits)
+            and [(s.m, s.l, s.alpha, s.o_norm) for s in a.trace]
+            == [(s.m, s.l, s.alpha, s.o_norm) for s in b.trace])
+
+
+def forward(torch, n: int, repeats: int, h: int = 8, d: int = 64) -> None:
+    print(f"\n== forward, fp32, B = 1, H = {h}, N = {n}, d = {d} (best of {repeats}) ==")
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, h, n, d), dtype=np.float32) for _ in range(3))
-    _, sdpa = torch_sdpa()
     times: dict[str, float] = {}
     for causal in (False, True):
         tag = "causal" if causal else "full"
         contenders = {
             "osm": lambda c=causal: attention(q, k, v, causal=c),
             "osm untraced": lambda c=causal: attention(q, k, v, causal=c, trace_at=None),
+            "osm textbook": lambda c=causal: attention(q, k, v, causal=c, fused=False),
             "numpy": lambda c=causal: naive_numpy(q, k, v, c),
         }
-        if sdpa is not None:
-            contenders["torch"] = lambda c=causal: sdpa(q, k, v, c)
-        best, outs = best_of(contenders)
+        if torch is not None:
+            contenders["torch"] = lambda c=causal: sdpa(torch, q, k, v, c)
+        best, outs = best_of(contenders, repeats)
         times.update({f"{name} {tag}": t for name, t in best.items()})
         res = outs["osm"]
+        same = identical(res, outs["osm textbook"])
         print(f"  osm attention()   {tag:6}  {best['osm']:8.3f} s   "
               f"tiles {res.tiles_computed} computed, {res.tiles_skipped} skipped")
         print(f"  osm, no trace     {tag:6}  {best['osm untraced']:8.3f} s")
-        if sdpa is not None:
+        print(f"  osm, textbook     {tag:6}  {best['osm textbook']:8.3f} s   "
+              f"(fused=False) out, lse, counters and trace {'identical' if same else 'DIFFER'}")
+        if torch is not None:
             print(f"  torch SDPA        {tag:6}  {best['torch']:8.3f} s   "
                   f"max |osm - torch| {np.abs(res.out - outs['torch']).max():.2e}")
         print(f"  naive numpy       {tag:6}  {best['numpy']:8.3f} s   "
               f"max |osm - numpy| {np.abs(res.out - outs['numpy']).max():.2e}")
         del outs, res
-
     print("  ratios (lower is better for osm):")
     for tag in ("full", "causal"):
-        if sdpa is not None:
+        if torch is not None:
             r = times[f"osm {tag}"] / times[f"torch {tag}"]
             print(f"    osm / torch SDPA   {tag:6}  {r:6.3f}×   goal ≤ {GOAL_VS_TORCH}×: "
-                  f"{'met' if r <= GOAL_VS_TORCH else 'MISSED'}")
+                  f"{verdict(r <= GOAL_VS_TORCH)}")
         r = times[f"osm {tag}"] / times[f"numpy {tag}"]
-        print(f"    osm / naive numpy  {tag:6}  {r:6.3f}×   goal < 1×: "
-              f"{'met' if r < 1 else 'MISSED'}")
+        print(f"    osm / naive numpy  {tag:6}  {r:6.3f}×   goal < 1×: {verdict(r < 1)}")
+        r = times[f"osm {tag}"] / times[f"osm textbook {tag}"]
+        print(f"    fused / textbook   {tag:6}  {r:6.3f}×")
     r = times["osm causal"] / times["osm full"]
     print(f"    osm causal / osm full      {r:6.3f}×   goal ≤ {GOAL_CAUSAL}×: "
-          f"{'met' if r <= GOAL_CAUSAL else 'MISSED'}")
-    if sdpa is not None:
+          f"{verdict(r <= GOAL_CAUSAL)}")
+    if torch is not None:
         print(f"    torch causal / torch full  {times['torch causal'] / times['torch full']:6.3f}×")
+
+
+def schedules(n: int, repeats: int, h: int = 8, d: int = 64) -> None:
+    """The fused forward's Q tiles run four ways: which uses this machine's cores best?"""
+    print(f"\n== schedule of the fused forward, fp32, B = 1, H = {h}, N = {n}, d = {d}, "
+          f"untraced (best of {repeats}) ==")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, h, n, d), dtype=np.float32) for _ in range(3))
+    plan = make_plan(q, k, v, ScoreOptions(), Tiling(), Hooks(), None)
+    out5 = np.zeros((*plan.q5.shape[:-1], d), np.float32)
+    lse5 = np.zeros(plan.q5.shape[:-1], np.float32)
+    groups = q_groups(plan)
+
+    def run(workers: int, blas: int):
+        def go():
+            with threadpool_limits(blas, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+                list(pool.map(lambda grp: fused_q_tiles(plan, grp, out5, lse5), groups))
+        return go
+
+    ways = {
+        f"{THREADS} threads over Q tiles, 1 BLAS thread each (attention())": run(THREADS, 1),
+        f"1 thread, BLAS on {THREADS} threads": run(1, THREADS),
+        f"{THREADS} threads over Q tiles, BLAS on {THREADS} threads each": run(THREADS, THREADS),
+        "1 thread, 1 BLAS thread (one core)": run(1, 1),
+    }
+    best, _ = best_of(ways, repeats)
+    chosen = next(iter(ways))
+    for name, t in best.items():
+        print(f"  {name:62} {t:7.3f} s  {t / best[chosen]:5.2f}×")
+    fastest = best[chosen] <= min(best.values()) * 1.02
+    print(f"  attention()'s schedule is {'the fastest' if fastest else 'NOT the fastest'} here "
+          "(2 % allowed for noise)")
+
+
+def torch_reference(torch, q, k, v, rows: int):
+    """softmax(scale·Q·Kᵀ)·V and its logsumexp in float64, `rows` query rows at a time."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    qt, kt, vt = (torch.from_numpy(x).double() for x in (q, k, v))
+    out = torch.empty((*qt.shape[:-1], vt.shape[-1]), dtype=torch.float64)
+    lse = torch.empty(qt.shape[:-1], dtype=torch.float64)
+    with torch.no_grad():
+        kT = kt.transpose(-1, -2)
+        for i0 in range(0, qt.shape[-2], rows):
+            s = (qt[..., i0:i0 + rows, :] * scale) @ kT
+            lse[..., i0:i0 + rows] = torch.logsumexp(s, -1)
+            out[..., i0:i0 + rows, :] = torch.softmax(s, -1) @ vt
+    return out.numpy(), lse.numpy()
+
+
+def reference_vs_torch(torch, h: int, n: int, repeats: int, d: int = 64) -> None:
+    print(f"\n== float64 reference, fp32 inputs, B = 1, H = {h}, N = {n}, d = {d} "
+          f"(best of {repeats}) ==")
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, h, n, d), dtype=np.float32) for _ in range(3))
+    osm_rows = max(1, (1 << 22) // (h * n))  # osm's chunk: 2²² scores over all heads
+    contenders = {"osm reference()": lambda: reference(q, k, v),
+                  "reference as written": lambda: reference(q, k, v, fused=False)}
+    chunks = sorted({max(1, osm_rows // 4), max(1, osm_rows // 2), osm_rows})
+    if torch is not None:
+        for rows in chunks:
+            contenders[f"torch, {rows} rows a chunk"] = (
+                lambda r=rows: torch_reference(torch, q, k, v, r))
+    best, outs = best_of(contenders, repeats)
+    same = all(np.array_equal(a, b) for a, b in zip(outs["osm reference()"],
+                                                    outs["reference as written"], strict=True))
+    for name, t in best.items():
+        print(f"  {name:28} {t:8.3f} s")
+    print(f"  osm reference() and the reference as written: {'identical' if same else 'DIFFER'}")
+    r = best["osm reference()"] / best["reference as written"]
+    print(f"    fused / as written         {r:6.3f}×")
+    if torch is not None:
+        fastest = min((t, name) for name, t in best.items() if name.startswith("torch"))
+        err = np.abs(outs["osm reference()"][0] - outs[fastest[1]][0]).max()
+        r = best["osm reference()"] / fastest[0]
+        print(f"    osm / {fastest[1]:22} {r:6.3f}×   goal ≤ {GOAL_REFERENCE}×: "
+              f"{verdict(r <= GOAL_REFERENCE)}   (max |osm - torch| {err:.1e})")
 
 
 # The CLI runs under this small launcher, not straight from the benchmark: a child started by
@@ -163,8 +272,9 @@ sys.stderr.write(err.decode())
 """
 
 
-def cli_memory(n: int, d: int = 64) -> None:
-    print(f"\n== `osm attention` CLI, fp32, H = 1, N = {n}, d = {d}, with the reference check ==")
+def cli(n: int, rounds: int, d: int = 64) -> None:
+    print(f"\n== `osm attention` CLI, fp32, H = 1, N = {n}, d = {d} (best wall, highest peak of "
+          f"{rounds} rounds) ==")
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
@@ -175,28 +285,42 @@ def cli_memory(n: int, d: int = 64) -> None:
         out_file = Path(tmp) / "stdout.txt"
         cmd = [sys.executable, "-c", LAUNCHER, str(out_file),
                sys.executable, "-m", "osm_cli", "attention", *paths]
-        for extra in ([], ["--causal"], ["--no-reference"]):
-            proc = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=False)
-            code, wall, maxrss, cpu = proc.stdout.split()
-            peak = int(maxrss) * 1024  # ru_maxrss is in KiB on Linux
-            label = " ".join(extra) or "full"
-            print(f"  {label:14} exit {code}, wall {float(wall):6.2f} s, "
-                  f"user+sys {float(cpu):6.2f} s, peak RSS {peak / 2**20:.0f} MiB "
-                  f"({peak / GIB:.3f} GiB): goal < 1 GiB {'met' if peak < GIB else 'MISSED'}")
-            for line in out_file.read_text().splitlines():
-                if line.strip().startswith(("tiles", "max |O", "max relative", "max |LSE")):
-                    print(f"                   {' '.join(line.split())}")
-            if code != "0":
-                print(f"  stderr: {proc.stderr.strip()}")
+        runs: dict[str, list] = {}
+        lines: dict[str, list[str]] = {}
+        for _ in range(rounds):
+            for extra in ([], ["--causal"], ["--no-reference"]):
+                label = " ".join(extra) or "with reference"
+                proc = subprocess.run([*cmd, *extra], capture_output=True, text=True,
+                                      check=False)
+                code, wall, maxrss, cpu = proc.stdout.split()
+                if code != "0":
+                    print(f"  {label}: exit {code}: {proc.stderr.strip()}")
+                runs.setdefault(label, []).append((float(wall), int(maxrss) * 1024, float(cpu)))
+                lines[label] = [" ".join(line.split()) for line in out_file.read_text()
+                                .splitlines() if line.strip().startswith(("tiles", "max |O"))]
+        for label, got in runs.items():
+            wall, peak, cpu = min(g[0] for g in got), max(g[1] for g in got), min(g[2] for g in got)
+            print(f"  {label:15} wall {wall:6.2f} s, user+sys {cpu:6.2f} s, peak RSS "
+                  f"{peak / 2**20:5.0f} MiB ({peak / GIB:.3f} GiB)")
+            for line in lines[label]:
+                print(f"                  {line}")
+            if label == "with reference":
+                print(f"    goals: wall ≤ {GOAL_CLI_S:g} s {verdict(wall <= GOAL_CLI_S)}, "
+                      f"peak ≤ 1 GiB {verdict(peak <= GIB)}")
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv[1:]
-    environment()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    args = parser.parse_args()
+    torch = environment()
     # other work on the same cores shows up here; a load near the core count skews the ratios
     print("  load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    forward(1024 if quick else 4096)
-    cli_memory(8192 if quick else 32768)
+    forward(torch, 1024 if args.quick else 4096, args.repeats)
+    schedules(1024 if args.quick else 4096, args.repeats)
+    reference_vs_torch(torch, 4, 2048 if args.quick else 8192, args.repeats)
+    cli(8192 if args.quick else 32768, CLI_ROUNDS)
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 

@@ -1,13 +1,14 @@
 """Tiled attention backward in FlashAttention-2's loop order (FA2 §3.1, Algorithm 2), with the
 traces of one key row and one query row.
 
-plan → tile loop → assemble, as the forward. The forward's plan (inputs grouped by kv head, the
-tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row; then the outer
-loop walks the K/V tiles (one thread block each on a GPU), the inner loop the Q tiles, and each
-(Q tile, K/V tile) pair's scores come from masks.score_tile, exactly as the forward's, and go
-through core.backward.backward_step. dK_j and dV_j are accumulated per K/V tile, dQ_i across all
-of them (a GPU does this with atomic adds); the score scale is applied once at the end. Tiles the
-mask hides are skipped and counted as in the forward (docs/numerics.md#backward).
+plan → tile loop → assemble, as the forward. The forward's plan (plan.py: inputs grouped by
+kv head, the tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row;
+then the outer loop walks the K/V tiles (one thread block each on a GPU), the inner loop the Q
+tiles, and each (Q tile, K/V tile) pair's scores come from masks.score_tile, exactly as the
+forward's, and go through core.backward.backward_step. dK_j and dV_j are accumulated per K/V
+tile, dQ_i across all of them (a GPU does this with atomic adds); the score scale is applied
+once at the end. Tiles the mask hides are skipped and counted as in the forward
+(docs/numerics.md#backward).
 Memory is O(N·d) plus one tile per worker: no N×N matrix.
 
 Leaves out: the forward (forward.py), rounding models (precision/), the closed-form reference
@@ -31,9 +32,19 @@ from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.core.record import GradStep
 from osm_cli.errors import InputError
 
-from .forward import Plan, _norm, _plan, attention
+from .forward import attention
 from .masks import mask_about, scale_q, score_tile, tile_kind
 from .options import Hooks, ScoreOptions, Tiling, split_options
+from .packed import (
+    about,
+    each_sequence,
+    lse_parts,
+    plan_packing,
+    scatter_kv,
+    scatter_lse,
+    scatter_rows,
+)
+from .plan import Plan, _norm, make_plan
 from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht
 
 
@@ -68,6 +79,11 @@ class Backward:
     traced_key: int = 0
     kv_head: int = 0  # the kv head the traced query head reads (its key row is traced)
     group: int = 1  # query heads per kv head (GQA's g)
+    dsink: np.ndarray | None = None  # with sinks: dL/dsink per query head, (H,)
+    batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
+    softcap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,13 +118,15 @@ def attention_backward(
     if (out is None) != (lse is None):
         raise InputError("give the forward's O and LSE together (out= and lse=), or neither: "
                          "the backward recomputes P from the LSE and D from O")
+    if opts.packing.active:
+        return _packed(q, k, v, do, out, lse, opts, tiling, hooks, trace_at, trace_key)
     own = out is None
     if own:
         fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
         out, lse = fwd.out, fwd.lse
-    plan = _plan(q, k, v, opts, tiling, hooks, trace_at)
+    plan = make_plan(q, k, v, opts, tiling, hooks, trace_at)
     s = plan.k3.shape[1]
-    if trace_at is not None and not 0 <= trace_key < s:
+    if trace_at is not None and s and not 0 <= trace_key < s:
         raise InputError(f"traced key {trace_key} is outside K's {s} keys")
     saved, lse4 = _saved(plan, q, do, out, lse, opts.layout)
     grads = _loop(plan, saved, hooks, trace_key if trace_at is not None else -1, progress)
@@ -131,9 +149,10 @@ def _saved(plan: Plan, q, do, out, lse, layout: str) -> tuple[Saved, np.ndarray]
                          "whose keys are all masked")
     d = delta(do4, o4, acc)
     q_acc = plan.q5.astype(acc, copy=False)
+    d_q = q_acc.shape[-1]
     group = (b * hk, g, t)
     return Saved(
-        q_acc.reshape(*group, -1), scale_q(q_acc, plan.scale, acc).reshape(*group, -1),
+        q_acc.reshape(*group, d_q), scale_q(q_acc, plan.scale, acc).reshape(*group, d_q),
         do4.astype(acc, copy=False).reshape(*group, dv),
         lse_for_p(lse4.astype(acc)).reshape(group), d.reshape(group),
     ), lse4
@@ -230,11 +249,13 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
             if kind == "partial":
                 vis = np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1))
             um = None if um_all is None else um_all[g0:g1, :, i0:i1, j0:j1].reshape(*rows, -1)
-            sc = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um)
+            sc, dtanh = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um,
+                                   softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1, g0, g1),
+                                   dtanh=True)
             up = backward_step(
                 sc, sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
                 sv.q[g0:g1, :, i0:i1].reshape(*rows, -1), kj, vj,
-                sv.do[g0:g1, :, i0:i1].reshape(*rows, -1), **step_kw)
+                sv.do[g0:g1, :, i0:i1].reshape(*rows, -1), ds_factor=dtanh, **step_kw)
             dk_j += up.dk
             dv_j += up.dv
             grads.dq[g0:g1, :, i0:i1] += up.dq.reshape(g1 - g0, g, n, -1)
@@ -264,19 +285,25 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
     hq, t, s = hk * g, plan.t, plan.k3.shape[1]
     scale = plan.scale
     acc = plan.accum
-    dq = (grads.dq * acc.type(scale)).reshape(b, hq, t, -1)
+    d, dv_dim = grads.dq.shape[-1], grads.dv.shape[-1]
+    dq = (grads.dq * acc.type(scale)).reshape(b, hq, t, d)
     dk_h = grads.dk * acc.type(scale)
     dv_h = grads.dv
     if hooks.head_round is not None and g > 1:
         dk_h, dv_h = hooks.head_round(dk_h), hooks.head_round(dv_h)
-    dk = dk_h.sum(axis=1).reshape(b, hk, s, -1)
-    dv = dv_h.sum(axis=1).reshape(b, hk, s, -1)
+    dk = dk_h.sum(axis=1).reshape(b, hk, s, d)
+    dv = dv_h.sum(axis=1).reshape(b, hk, s, dv_dim)
     nq, nk, nv = np.ndim(q), np.ndim(k), np.ndim(v)
     lay = opts.layout
     d_out = from_bhnd(saved.d.reshape(b, hq, t)[..., None], nq, lay)[..., 0]
     kinds = list(grads.kinds.values())
     skipped = sum(kd == "skip" for kd in kinds)
     th = plan.traced[1]
+    dsink = None
+    if plan.sinks is not None:  # dsink = −Σ_rows exp(sink − LSE)·D, LSE holding the sink
+        with np.errstate(under="ignore"):
+            p_sink = np.exp(plan.sinks[..., None] - saved.lse)  # (G, g, t); +inf LSE gives 0
+        dsink = -(p_sink * saved.d).sum(axis=-1).reshape(b, hq).sum(axis=0)
     return Backward(
         from_bhnd(dq, nq, lay), from_bhnd(dk, nk, lay), from_bhnd(dv, nv, lay), d_out,
         np.asarray(out), np.asarray(lse), own, float(scale), tuple(np.shape(q)),
@@ -285,8 +312,51 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
                                                    np.asarray(opts.mask)),
         len(kinds) - skipped, skipped, len(kinds), int(np.count_nonzero(~np.isfinite(lse4))),
         tuple(grads.key_trace), tuple(grads.query_trace), plan.traced, key,
-        int(kv_head(max(th, 0), hq, hk)), g,
+        int(kv_head(max(th, 0), hq, hk)), g, dsink, softcap=opts.softcap,
+        alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
     )
+
+
+def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Hooks,
+            trace_at, trace_key: int) -> Backward:
+    """attention_backward over a varlen or paged batch (packed.py), one sequence at a time:
+    dQ stored like Q, dK and dV like K and V (a key read by several sequences, a shared page,
+    gets the sum), D like FlashAttention's LSE. trace_at is (sequence, head, query)."""
+    if opts.mask is not None:
+        raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
+                         "takes both); use the sequences' lengths, causal or a window")
+    packed = plan_packing(q, k, v, opts.packing)
+    own = out is None
+    if own:
+        fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
+        out, lse = fwd.out, fwd.lse
+    lses = lse_parts(packed, lse)
+
+    def run(seq, qb, kb, vb, dob, ob, tr):
+        return attention_backward(qb, kb, vb, dob, out=ob, lse=lses[seq.index],
+                                  opts=opts.for_sequence(seq.index), tiling=tiling, hooks=hooks,
+                                  trace_at=tr, trace_key=trace_key if tr else 0)
+
+    parts = each_sequence(packed, run, q, k, v, do, out, trace_at=trace_at)
+    traced = None if trace_at is None else parts[trace_at[0]]
+    dt = parts[0].dq.dtype if parts else np.float32
+    dq = scatter_rows(packed, [p.dq for p in parts], dt, np.shape(q)[-1])
+    dk, dv = (scatter_kv(packed, [getattr(p, n) for p in parts], x).astype(dt)
+              for n, x in (("dk", k), ("dv", v)))
+    totals = {n: sum(getattr(p, n) for p in parts) for n in (
+        "tiles_computed", "tiles_skipped", "tiles_total", "masked_rows")}
+    dsink = None if opts.sinks is None else sum(p.dsink for p in parts)
+    ref = traced or (parts[0] if parts else None)
+    return Backward(
+        dq, dk, dv, scatter_lse(packed, [p.delta for p in parts], dt), np.asarray(out),
+        np.asarray(lse), own, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)),
+        tuple(np.shape(k)), tuple(np.shape(v)), ref.block_q if ref else 0,
+        ref.block_k if ref else 0, opts.causal, "bottom-right", opts.window, "none",
+        totals["tiles_computed"], totals["tiles_skipped"], totals["tiles_total"],
+        totals["masked_rows"], () if traced is None else traced.key_trace,
+        () if traced is None else traced.query_trace, trace_at or (0, 0, 0), trace_key,
+        ref.kv_head if ref else 0, ref.group if ref else 1, dsink, batch=about(packed),
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None)
 
 
 __all__ = ["Backward", "attention_backward"]

@@ -1,12 +1,15 @@
 """Tiled attention forward in FlashAttention-2's loop order, with a trace of one query row.
 
-plan → tile loop → assemble. `_plan` checks the inputs once and fixes the tiles; `_q_tile` is
-the inner loop over K/V tiles for one Q tile of block_q rows: each tile's scores come from
-masks.score_tile and are folded into (m, l, O) by core.fold with core.state's own update step,
-vectorized over batch, heads and the tile's rows; `_assemble` divides by l once and shapes the
-result. Tiles that the causal mask, the window or the user's mask hide entirely are skipped and
-counted (docs/numerics.md#tile-skipping). The N×N score matrix is never formed: memory is
-O(N·d) plus one tile.
+plan → tile loop → assemble. plan.py checks the inputs once, fixes the tiles and walks them
+(each tile's scores from masks.score_tile); `_q_tile` is the inner loop over K/V tiles for one
+Q tile of block_q rows, folding each tile into (m, l, O) by core.fold with core.state's own
+update step, vectorized over batch, heads and the tile's rows; `_assemble` divides by l once
+and shapes the result. fast.py's fused_q_tiles is the same loop with the rescale step fused in
+place, bit for bit the same, and what runs by default (Tiling(fused=False): the loop above).
+Q tiles run side by side on a thread per core, the heaviest first. Tiles that the causal
+mask, the window or the user's mask hide entirely are skipped and counted
+(docs/numerics.md#tile-skipping). The N×N score matrix is never formed: memory is O(N·d) plus
+one tile per thread.
 
 Conventions: docs/numerics.md#scale, #causal-alignment, #masks, #gqa, #masked-rows.
 Leaves out: files (io/), the reference (reference.py), split-KV (split.py), printing (present/).
@@ -14,11 +17,10 @@ Leaves out: files (io/), the reference (reference.py), split-KV (split.py), prin
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -36,16 +38,8 @@ from osm_cli.core.state import (
 )
 from osm_cli.errors import InputError
 
-from .masks import (
-    Band,
-    check_mask,
-    check_score_range,
-    make_band,
-    mask_about,
-    scale_q,
-    score_tile,
-    tile_kind,
-)
+from .fast import fused_q_tiles, q_groups
+from .masks import mask_about
 from .options import (
     MASKED_LSE,
     Hooks,
@@ -54,16 +48,9 @@ from .options import (
     check_masked_lse,
     split_options,
 )
-from .shapes import (
-    bhnd_inputs,
-    broadcast_mask,
-    check_finite,
-    check_traced,
-    from_bhnd,
-    kv_head,
-)
-
-O_SHOWN = 3  # components of O a trace step keeps
+from .packed import about, each_sequence, plan_packing, scatter_lse, scatter_rows, tile_pages
+from .plan import Counts, Plan, make_plan, q_rows, row_step, sink_step, tiles
+from .shapes import from_bhnd
 
 
 @dataclass(frozen=True)
@@ -93,50 +80,10 @@ class Attention:
     mask: str = "none"  # the user's mask in a few words (masks.mask_about)
     row_visits: int = 0  # (query row, K/V tile) pairs computed, per head (FA1 Prop. 4's count)
     one_shot: bool = False  # plain attention (precision naive): no tiles
-
-
-@dataclass
-class Counts:
-    """What one Q tile's loop counted: K/V tiles computed and skipped, rescales, row visits."""
-
-    computed: int = 0
-    skipped: int = 0
-    rescales: int = 0
-    row_visits: int = 0
-
-    def __iadd__(self, other: Counts) -> Counts:
-        self.computed += other.computed
-        self.skipped += other.skipped
-        self.rescales += other.rescales
-        self.row_visits += other.row_visits
-        return self
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything the tile loop needs, fixed once: the inputs grouped by kv head, the tiles,
-    the masks, the state's dtype and where the traced row is."""
-
-    q5: np.ndarray  # (B, Hkv, g, t, d): the g query heads that share a kv head
-    k3: np.ndarray  # (B·Hkv, s, d)
-    v3: np.ndarray  # (B·Hkv, s, dv)
-    t: int
-    bq: int
-    bk: int
-    k0: int
-    k1: int
-    starts: tuple[int, ...]  # first key of each K/V tile, in the order visited
-    band: Band | None
-    user_mask: np.ndarray | None  # (B, Hkv, g, t, s)
-    accum: np.dtype
-    scale: float
-    traced: tuple  # (batch, head, query) or (-1, -1, -1)
-    at_row: tuple  # the traced row as (batch, kv head, query head within its group)
-
-    @property
-    def groups(self) -> tuple[int, int, int]:
-        b, hk, g = self.q5.shape[:3]
-        return b, hk, g
+    batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
+    softcap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,
@@ -155,100 +102,71 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions
     """
     opts, tiling, hooks = split_options(options, opts, tiling, hooks)
     check_masked_lse(masked_lse)
-    plan = _plan(q, k, v, opts, tiling, hooks, trace_at)
+    if opts.packing.active:
+        return _packed(q, k, v, opts, tiling, hooks, masked_lse, trace_at)
+    plan = make_plan(q, k, v, opts, tiling, hooks, trace_at)
     b, hk, g = plan.groups
     out5 = np.zeros((b, hk, g, plan.t, plan.v3.shape[-1]), dtype=plan.accum)
     lse5 = np.zeros((b, hk, g, plan.t), dtype=plan.accum)
-    step = rescale_step if tiling.form == "rescale" else merge_step
-    step_kw = {"p_round": hooks.p_round, **({"threshold": tiling.threshold}
-                                            if tiling.threshold else {})}
+    if tiling.fused and _fusable(plan, tiling):
+        groups = q_groups(plan)
 
-    def run(i0: int):
-        return _q_tile(plan, i0, step, step_kw, out5, lse5)
+        def run(group: tuple[int, ...]):
+            return fused_q_tiles(plan, group, out5, lse5, threshold=tiling.threshold,
+                                 p_round=hooks.p_round)
+    else:
+        groups = [(i0,) for i0 in plan.q_starts]
+        step = rescale_step if tiling.form == "rescale" else merge_step
+        step_kw = {"p_round": hooks.p_round, **({"threshold": tiling.threshold}
+                                                if tiling.threshold else {})}
 
+        def run(group: tuple[int, ...]):
+            return _q_tile(plan, group[0], step, step_kw, out5, lse5)
+
+    trace, counts = _run_q_tiles(plan, groups, run, progress)
+    return _assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
+                     len(plan.q_starts) * len(plan.starts))
+
+
+def _fusable(plan: Plan, tiling: Tiling) -> bool:
+    """Whether fast.py's fused loop computes this run: the rescale form, and no float mask
+    that widens the scores' dtype (S then changes dtype, which only the textbook loop does)."""
+    mask = plan.user_mask
+    widens = (mask is not None and mask.dtype.kind != "b"
+              and np.result_type(plan.accum, mask.dtype) != plan.accum)
+    return tiling.form == "rescale" and not widens
+
+
+def _run_q_tiles(plan: Plan, groups: list[tuple[int, ...]], run: Callable,
+                 progress) -> tuple[list[Step], Counts]:
+    """run(group) for every group of Q tiles, heaviest first, a thread per core; the steps and
+    counts. progress(done, total) counts Q tiles."""
     # Q tiles are independent (FA2 gives each its own thread block); numpy and BLAS release the
-    # GIL, so a thread per core runs them side by side.
+    # GIL, so a thread per core runs them side by side. Under a causal mask the Q tiles differ
+    # in work, so the heaviest go first and the last to finish are the short ones.
+    order = sorted(groups, key=lambda grp: sum(map(plan.tile_work, grp)), reverse=True)
     trace: list[Step] = []
     counts = Counts()
-    n_q = -(-plan.t // plan.bq)
-    workers = max(1, min(n_q, os.cpu_count() or 1))
+    done = 0
+    workers = max(1, min(len(order), os.cpu_count() or 1))
     # One BLAS thread per worker: OpenBLAS's own threads would fight ours for the same cores.
     with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-        for done, (steps, c) in enumerate(pool.map(run, range(0, plan.t, plan.bq)), 1):
+        for grp, (steps, c) in zip(order, pool.map(run, order), strict=True):
             trace += steps
             counts += c
+            done += len(grp)
             if progress is not None:
-                progress(done, n_q)
-    return _assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
-                     n_q * len(plan.starts))
-
-
-def _plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_at) -> Plan:
-    """Check the inputs and fix what every Q tile shares."""
-    q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
-    b, hq, t, d = q4.shape
-    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
-    g = hq // hk
-    bq, bk = tiling.blocks(d)
-    accum = hooks.accum
-    if accum is None:
-        accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
-    q_max, k_max, _ = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K"), (v4, "V")))
-    check_score_range(q4, k4, opts.scale_for(d), accum, q_max, k_max)
-    band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
-    mask = check_mask(opts.mask)
-    user_mask = None
-    if mask is not None:
-        user_mask = broadcast_mask(mask, (b, hq, t, s)).reshape(b, hk, g, t, s)
-    k0, k1 = (0, s) if tiling.keys is None else tiling.keys
-    if not 0 <= k0 <= k1 <= s:
-        raise InputError(f"key range {k0}:{k1} is outside 0:{s}")
-    starts = list(range(k0, k1, bk))
-    if tiling.order is not None:
-        if sorted(int(i) for i in tiling.order) != list(range(len(starts))):
-            raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
-        starts = [starts[int(i)] for i in tiling.order]
-    check_traced(trace_at, (b, hq, t))
-    tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
-    # One matmul per kv head: the g query heads that share it are stacked as rows of one tile
-    # (G = B·Hkv batches of g·n rows), so BLAS sees a few large 3-D products, not many small ones.
-    return Plan(
-        q4.reshape(b, hk, g, t, d), k4.reshape(b * hk, s, d), v4.reshape(b * hk, s, dv), t,
-        bq, bk, k0, k1, tuple(starts), band, user_mask, np.dtype(accum), opts.scale_for(d),
-        (tb, th, ti), (tb, kv_head(th, hq, hk), th % g),
-    )
+                progress(done, len(plan.q_starts))
+    return trace, counts
 
 
 def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[Step], Counts]:
     """The inner loop over K/V tiles for the query rows i0:i0+bq (independent of the others):
     its rows of out5 and lse5 are written; the traced row's steps and the counts returned."""
     b, hk, g = plan.groups
-    i1 = min(plan.t, i0 + plan.bq)
-    n = i1 - i0
-    acc = plan.accum
-    d = plan.q5.shape[-1]
-    qt = scale_q(plan.q5[..., i0:i1, :], plan.scale, acc).reshape(b * hk, g * n, d)
-    tb, _, ti = plan.traced
-    traced_here = i0 <= ti < i1
-    at = (plan.at_row[0] * hk + plan.at_row[1], plan.at_row[2] * n + ti - i0)
+    qt, n, at = q_rows(plan, i0)
     steps: list[Step] = []
     counts = Counts()
-
-    def tiles():
-        """(tile bounds, S or None where the mask hides the tile, V rows) in visiting order."""
-        for j0 in plan.starts:
-            bounds = ((j0 - plan.k0) // plan.bk, j0, min(plan.k1, j0 + plan.bk))
-            j1 = bounds[2]
-            um = None
-            if plan.user_mask is not None:
-                um = plan.user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
-            kind = tile_kind(plan.band, um, i0, i1, j0, j1)
-            if kind == "skip":
-                yield bounds, None, None
-                continue
-            vis = np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1)) if kind == "partial" else None
-            kT = plan.k3[:, j0:j1, :].astype(acc, copy=False).swapaxes(-1, -2)
-            yield bounds, score_tile(qt, kT, vis, um), plan.v3[:, j0:j1, :].astype(acc, copy=False)
 
     def count(bounds, before: State, up: Update | None) -> None:
         if up is None:
@@ -257,38 +175,30 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
             counts.computed += 1
             counts.row_visits += n
             counts.rescales += int(np.count_nonzero(moved(before.m, up.state.m)))
-        if traced_here:
+        if at is not None:
             steps.append(_trace_step(bounds, before, up, at))
 
-    state = start = initial_state(qt.shape[:-1], plan.v3.shape[-1], acc)
-    for bounds, before, up, state in fold(start, tiles(), step, **step_kw):  # noqa: B007
+    walk = ((bounds, None if s is None else s[0], v)
+            for bounds, s, v, _ in tiles(plan, (i0,), qt[None]))
+    state = start = initial_state(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
+    for bounds, before, up, state in fold(start, walk, step, **step_kw):  # noqa: B007
         count(bounds, before, up)
+    if plan.sinks is not None:
+        state, sink = sink_step(plan, state, n, at)
+        steps += sink
     lse, o = finalize(state)
-    out5[..., i0:i1, :] = o.reshape(b, hk, g, n, out5.shape[-1])
-    lse5[..., i0:i1] = lse.reshape(b, hk, g, n)
+    out5[..., i0:i0 + n, :] = o.reshape(b, hk, g, n, out5.shape[-1])
+    lse5[..., i0:i0 + n] = lse.reshape(b, hk, g, n)
     return steps, counts
 
 
 def _trace_step(bounds: tuple, before: State, up: Update | None, at: tuple) -> Step:
     """The traced row's Step for one K/V tile (up None: the mask hid it, nothing changed)."""
-    after = before if up is None else up.state
-    o = after.o[at].astype(np.float64)
-    return Step(
-        *bounds, -np.inf if up is None else float(up.block_max[at]), float(before.m[at]),
-        float(after.m[at]), 1.0 if up is None else float(up.alpha[at]), float(before.l[at]),
-        float(after.l[at]), masked=up is None, o=o[:O_SHOWN], o_norm=_norm(o),
-    )
-
-
-def _norm(x: np.ndarray) -> float:
-    """‖x‖ without overflow on the way (x near 1e300): when the plain norm overflows, again
-    scaled by its largest magnitude first."""
-    with np.errstate(over="ignore"):
-        plain = float(np.linalg.norm(x))
-        top = float(np.abs(x).max(initial=0.0))
-        if math.isfinite(plain) or not math.isfinite(top):
-            return plain
-        return top * float(np.linalg.norm(x / top))  # beyond float64 itself: inf, shown so
+    if up is None:
+        m, l = before.m[at], before.l[at]
+        return row_step(bounds, -np.inf, m, m, 1.0, l, l, before.o[at], masked=True)
+    return row_step(bounds, up.block_max[at], before.m[at], up.state.m[at], up.alpha[at],
+                    before.l[at], up.state.l[at], up.state.o[at])
 
 
 def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, lse5,
@@ -310,6 +220,46 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
         masked_lse, counts.computed, counts.skipped, counts.rescales,
         int(np.count_nonzero(empty)), tuple(trace), plan.traced, trace_out, tiles_total,
         mask_about(None if opts.mask is None else np.asarray(opts.mask)), counts.row_visits,
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+    )
+
+
+def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_lse: str,
+            trace_at) -> Attention:
+    """attention over a varlen or paged batch (packed.py): each sequence as its own dense
+    problem, bottom-right causal against its own keys; O stored like Q, the LSE as
+    FlashAttention returns it ((H, total_q), or (B, H, t) for batched Q); the traced row's
+    tiles name the pages their keys came from."""
+    if opts.mask is not None:
+        raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
+                         "takes both); use the sequences' lengths, causal or a window")
+    packed = plan_packing(q, k, v, opts.packing)
+
+    def run(seq, qb, kb, vb, tr):
+        return attention(qb, kb, vb, opts=opts.for_sequence(seq.index), tiling=tiling,
+                         hooks=hooks, masked_lse=masked_lse, trace_at=tr)
+
+    parts = each_sequence(packed, run, q, k, v, trace_at=trace_at)
+    first = parts[0] if parts else None
+    dv = np.shape(v)[-1]
+    dtype = first.out.dtype if first is not None else np.float32
+    out = scatter_rows(packed, [p.out for p in parts], dtype, dv)
+    lse = scatter_lse(packed, [p.lse for p in parts], dtype)
+    traced = None if trace_at is None else parts[trace_at[0]]
+    trace = () if traced is None else tuple(
+        replace(st, pages=tile_pages(packed.seqs[trace_at[0]], st.start, st.stop))
+        for st in traced.trace)
+    total = {name: sum(getattr(p, name) for p in parts) for name in (
+        "tiles_computed", "tiles_skipped", "rescales", "masked_rows", "tiles_total",
+        "row_visits")}
+    return Attention(
+        out, lse, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)), tuple(np.shape(k)),
+        tuple(np.shape(v)), first.block_q if first else 0, first.block_k if first else 0,
+        opts.causal, "bottom-right", opts.window, masked_lse, total["tiles_computed"],
+        total["tiles_skipped"], total["rescales"], total["masked_rows"], trace,
+        trace_at or (0, 0, 0), None if traced is None else traced.trace_out,
+        total["tiles_total"], "none", total["row_visits"], batch=about(packed),
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
     )
 
 

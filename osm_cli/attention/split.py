@@ -16,8 +16,9 @@ from osm_cli.core.merge import merge_detail, split_edges
 from osm_cli.core.reference import max_abs_diff
 from osm_cli.errors import InputError
 
-from .forward import O_SHOWN, Attention, attention, masked_as
+from .forward import Attention, attention, masked_as
 from .options import Tiling, default_blocks, layout_of
+from .plan import O_SHOWN
 from .shapes import as_bhnd, row_of
 
 

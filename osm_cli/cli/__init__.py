@@ -3,8 +3,11 @@
 options.py declares the choices and shared options once; common.py holds what every command
 shares (consoles, "Error: …" lines and exit codes, output files, step mode, the progress bar);
 trace.py, attention.py, backward.py and tools.py hold the commands. They are registered here in
-the order `osm --help` lists them. Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad
-option values (Typer).
+the order `osm --help` lists them. A command module imports at its top only typer, the standard
+library, options.py and common.py; numpy, rich and the layers below are imported in the
+command's body, so that `osm --help` starts in a tenth of a second (tests/test_api.py checks it
+loads neither numpy nor rich; benchmarks/bench_startup.py times it). Exit codes: 0 success; 1
+bad input ("Error: …" on stderr); 2 bad option values (Typer).
 """
 
 from __future__ import annotations

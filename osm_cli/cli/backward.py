@@ -1,5 +1,6 @@
 """osm backward: dQ, dK, dV of attention by FA2's tiled backward, traced tile by tile for one key
-row and one query row. Leaves out: computing (reports/backward.py) and the tables
+row and one query row. The command imports the layers it uses when it runs (see common.py:
+`osm --help` loads no numpy). Leaves out: computing (reports/backward.py) and the tables
 (present/backward.py).
 """
 
@@ -10,14 +11,19 @@ from typing import Annotated
 
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import Tiling
 from osm_cli.errors import OsmError
-from osm_cli.present import backward as render
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
 
-from .common import check_outputs, emit_json, guarded, out, progress, save, score_options
+from .common import (
+    check_outputs,
+    emit_json,
+    exports,
+    guarded,
+    kernel_inputs,
+    out,
+    progress,
+    save,
+    score_options,
+)
 from .options import (
     Align,
     BatchOpt,
@@ -26,6 +32,7 @@ from .options import (
     CausalOpt,
     DtypeOpt,
     HeadOpt,
+    InputDtypeOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
@@ -44,10 +51,12 @@ def _write(name: str, what: str):
 
 
 @guarded
+@exports
+@kernel_inputs
 def backward(
     files: Annotated[list[str], typer.Argument(
-        help="Q K V DO as four .npy files, or one .npz holding q, k, v, do (and optionally the "
-             "forward's o and lse).")],
+        help="Q K V DO as four tensor files (.npy, .safetensors), or one .npz or .safetensors "
+             "holding q, k, v, do (and optionally the forward's o and lse).")],
     o_path: Annotated[str | None, typer.Option(
         "--o", help="The forward's saved O (.npy), e.g. a kernel's; give --lse with it.")] = None,
     lse_path: Annotated[str | None, typer.Option(
@@ -75,7 +84,9 @@ def backward(
     no_reference: NoReferenceOpt = False,
     show_all: ShowAllOpt = False,
     csv: csv_option("both traces") = None,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
+    inputs=None,
 ):
     """The backward pass of attention: dQ, dK, dV by FA2's Algorithm 2, traced tile by tile.
 
@@ -91,21 +102,27 @@ def backward(
       osm backward samples/qkv.npz samples/do.npy --causal --key 3 --query 5
       osm backward q.npy k.npy v.npy do.npy --o o.npy --lse lse.npy --dtype bf16
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
-    from osm_cli.precision.dtypes import round_inputs
+    from osm_cli import io
+    from osm_cli.attention.options import Tiling
+    from osm_cli.precision.dtypes import round_inputs, shared_narrow
     from osm_cli.precision.model import prepare, storable
+    from osm_cli.present import backward as render
+    from osm_cli.present import csv as export
+    from osm_cli.present import json as documents
     from osm_cli.reports.backward import backward_report
 
     check_outputs(dq=dq_path, dk=dk_path, dv=dv_path, csv=csv)
     if (o_path is None) != (lse_path is None):
         raise OsmError("give --o and --lse together (the forward's saved O and LSE), or "
                        "neither (osm runs its own forward)")
-    given = io.load_backward(files)
+    given = io.load_backward(files, input_dtype)
     for name, path in (("out", o_path), ("lse", lse_path)):
         if path is not None:
-            given[name] = io.load_array(Path(path))
+            given[name] = io.load_array(Path(path), raw_as=input_dtype)
             io.check_real(given[name], path)
-    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, given["q"])
+    # bfloat16 or float8 inputs can only come from a kernel in that dtype: its model
+    dtype = dtype or shared_narrow(given["q"], given["k"], given["v"])
     lab, (q, k, v), notes = prepare(dtype, None, None, given["q"], given["k"], given["v"])
     do = given["do"]
     if lab is not None:
@@ -115,7 +132,7 @@ def backward(
         rep = backward_report(
             q, k, v, do, opts, Tiling(block_q=block_q, block_k=block_k), out=given.get("out"),
             lse=given.get("lse"), model=lab, notes=notes, with_reference=not no_reference,
-            trace_at=(batch, head, query), trace_key=key, progress=tick)
+            trace_at=inputs.traced(batch, head, query), trace_key=key, progress=tick)
     res = rep.result
 
     def stored(x):

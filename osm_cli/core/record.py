@@ -53,6 +53,8 @@ class Step:
     block_weight: float | None = None
     o: np.ndarray | None = None
     o_norm: float | None = None
+    sink: bool = False  # not a tile: the sink joining the denominator (block_max is its logit)
+    pages: tuple | None = None  # paged KV: the physical pages the tile's keys came from
 
     @property
     def rescaled(self) -> bool:

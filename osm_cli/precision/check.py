@@ -110,7 +110,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
         raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
                        f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
     if lse is not None:
-        lse = _lse_as_bhnd(lse, ref_lse, opts.layout)
+        lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
     pt, pt_lse = plain(q, k, v, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
@@ -120,7 +120,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
         m = model(dtype_name(dt))
         model_err = max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
                                        opts=opts).out - ref)
-    rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, opts.layout, top)
+    rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view_of(opts), top)
     grads = ()
     if given:
         from .gradcheck import check_grads  # the backward's reference, only when judged
@@ -136,13 +136,13 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
     """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), and
     which rows are over the rule's bound (NaN counts as over). out may be a gradient too (dK's
     rows are keys)."""
-    ref_rows = as_bhnd(ref_d, layout, "ref")
-    diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_rows)
+    ref_rows = rows_view(ref_d, layout)
+    diff = np.abs(rows_view(out, layout).astype(np.float64) - ref_rows)
     row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
     with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
         row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
     if lse_err is not None:
-        lse_err = as_bhnd(lse_err[..., None], layout, "LSE")[..., 0]
+        lse_err = rows_view(lse_err[..., None], layout, lse=True)[..., 0]
     over = ~(row_err <= bound)
     rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
     rows = []
@@ -157,6 +157,31 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
         b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
         heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
     return tuple(rows), tuple(heads), over
+
+
+def view_of(opts: ScoreOptions, x: str = "q") -> str:
+    """How check ranks the rows of an array stored like Q (x "q") or K: by the layout, or for
+    a packed or paged batch "packed" (rows of (rows, H, d), batch 0) or "fa" ((B, N, H, d),
+    LSE (B, H, N))."""
+    p = opts.packing
+    if not p.active:
+        return opts.layout
+    packed = p.cu_seqlens_q is not None if x == "q" else (
+        p.cu_seqlens_k is not None or p.page_table is not None)
+    return "packed" if packed else "fa"
+
+
+def rows_view(x, layout: str, lse: bool = False) -> np.ndarray:
+    """x as (B, H, rows, d) for ranking rows: attention's layouts, or a packed batch's
+    (…, H, d) rows as one batch, or FlashAttention's (B, N, H, d) with its LSE (B, H, N)."""
+    x = np.asarray(x)
+    if layout == "packed":
+        if lse:  # FlashAttention's (H, total) LSE, with a trailing axis of 1
+            return x[None]
+        return x.reshape(-1, *x.shape[-2:]).swapaxes(0, 1)[None]
+    if layout == "fa":
+        return x if lse else x.swapaxes(1, 2)
+    return as_bhnd(x, layout, "rows")
 
 
 def _hint(out, dt) -> str:

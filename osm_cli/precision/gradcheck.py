@@ -23,12 +23,13 @@ from osm_cli.errors import OsmError
 from .backward import flash_backward, plain_backward
 from .dtypes import dtype_name, round_to
 from .model import model
+from .names import GRAD_RULES as _RULE_NAMES
 from .rule import Rule, _fa_rule, max_abs
 
 GRADS = ("dq", "dk", "dv")
 LABELS = {"dq": "dQ", "dk": "dK", "dv": "dV"}
 # name -> (k_pt, k_round, k_abs): bound = k_pt·max|g_pt − ref| + k_round·rounding + k_abs
-GRAD_RULES = {"fa3": (2.0, 2.0, 0.0), "fa2": (3.0, 0.0, 0.0)}
+GRAD_RULES = dict(zip(_RULE_NAMES, ((2.0, 2.0, 0.0), (3.0, 0.0, 0.0)), strict=True))
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
                 refs: dict | None = None) -> tuple[GradCheck, ...]:
     """Judge each gradient of `given` (dq, dk, dv: the kernel's) for dtype-valued q, k, v, do;
     refs, if the caller has them, are the float64 gradients (reference_backward's)."""
-    from .check import worst  # check.py judges the output and calls here for the gradients
+    from .check import view_of, worst  # check.py judges the output and calls here
 
     if rule not in GRAD_RULES:
         raise OsmError(f"gradient rule must be one of {', '.join(GRAD_RULES)}, not {rule!r}")
@@ -85,7 +86,8 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
         ref = refs[name]
         ref_d = round_to(ref, dt, np.float64)
         r = _fa_rule(g, ref_d, pts[name], dt, GRAD_RULES[rule])
-        rows, heads, over = worst(g, ref_d, None, r.bound, dt, opts.layout, top)
+        rows, heads, over = worst(g, ref_d, None, r.bound, dt,
+                                  view_of(opts, "q" if name == "dq" else "k"), top)
         out.append(GradCheck(
             name, r, max_abs(np.asarray(g, dtype=np.float64) - ref),
             max_abs(np.asarray(pts[name], dtype=np.float64) - ref),

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import agreement, fill, fit, kv_table, num, pass_fail
+from .attention import convention_rows
+from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
 from .verdicts import rounding_text, rule_text
 
 GRADS = ("dq", "dk", "dv")
@@ -22,31 +22,35 @@ GRADS = ("dq", "dk", "dv")
 def backward_summary(rep) -> Table:
     """Shapes, conventions, D, tile counts and each gradient's error against the reference."""
     r = rep.result
-    window = "none" if r.window is None else f"left {r.window[0]}, right {r.window[1]}"
     d = np.asarray(r.delta, dtype=np.float64)
-    forward = ("osm's own (give --o and --lse for a kernel's saved O and LSE)" if r.own_forward
+    forward = ("osm's own (--o and --lse take a kernel's saved O and LSE)" if r.own_forward
                else "given O and LSE (a kernel's saved forward)")
     rows = [
-        ("shapes", f"Q {r.shape_q}  K {r.shape_k}  V {r.shape_v}"),
-        ("scale", f"{r.scale:.8g}"),
-        ("causal", f"yes ({r.align})" if r.causal else "no"),
-        ("window", window),
-        ("mask", r.mask),
+        *convention_rows(r),
         ("forward", forward),
-        ("D = rowsum(dO∘O)", Text.assemble(num(d.min(initial=0.0), 6), " to ",
-                                           num(d.max(initial=0.0), 6))),
+        ("D = rowsum(dO∘O)", _range(d)),
         ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "
-                  f"{r.tiles_skipped} skipped of {r.tiles_total} (K/V tiles outer)"),
+                  f"{r.tiles_skipped} skipped of {r.tiles_total}"),
         ("fully masked rows", f"{r.masked_rows} (LSE ±inf: P = 0, no gradient)"),
     ]
     if rep.errors is None:
         rows.append(("reference", "skipped (--no-reference)"))
     else:
-        for name, label in (("dq", "dQ"), ("dk", "dK"), ("dv", "dV")):
+        for name, label in (("dq", "dQ"), ("dk", "dK"), ("dv", "dV"), ("dsink", "dsink")):
+            if name not in rep.errors:
+                continue
             e = rep.errors[name]
             rows.append((f"max |{label} − ref|", Text.assemble(
                 num(e["max_abs_err"], 3), " (relative ", num(e["max_rel_err"], 3), ")")))
     return kv_table(rows)
+
+
+def _range(d: np.ndarray) -> Text | str:
+    """'lo to hi' of D over the query rows, one number when all agree."""
+    if not d.size:
+        return "no query rows"
+    lo, hi = float(d.min()), float(d.max())
+    return num(lo, 6) if lo == hi else Text.assemble(num(lo, 6), " to ", num(hi, 6))
 
 
 def backward_precision(rep) -> Table:
@@ -101,11 +105,12 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
         return cells + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
 
     fill(t, len(steps), row, show_all)
+    what = "sequence" if r.batch else "batch"
     if key:
-        title = (f"key {r.traced_key} of batch {b}, kv head {r.kv_head} ({_heads_of(r)}): "
+        title = (f"key {r.traced_key} of {what} {b}, kv head {r.kv_head} ({_heads_of(r)}): "
                  "dK_j, dV_j over the Q tiles, start 0")
     else:
-        title = f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0"
+        title = f"query {i} of {what} {b}, head {h}: dQ_i over the K/V tiles, start 0"
     return Group(Text(title), t)
 
 

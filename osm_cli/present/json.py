@@ -127,8 +127,27 @@ def _array(rep, name: str):
 def tile_doc(s) -> dict:
     """One K/V tile of attention's traced row (core.record.Step); o_head is O's first
     components after the tile, unnormalised; "skipped" is a tile the mask hides."""
-    return {"tile": s.block, "start": s.start, "stop": s.stop, "skipped": s.masked,
-            "tile_max": s.block_max, **_state(s), "o_head": s.o, "o_norm": s.o_norm}
+    doc = {"tile": s.block, "start": s.start, "stop": s.stop, "skipped": s.masked,
+           "tile_max": s.block_max, **_state(s), "o_head": s.o, "o_norm": s.o_norm}
+    if s.sink:  # not a tile: the sink (its logit in tile_max) joining the denominator
+        doc["sink"] = True
+    if s.pages is not None:
+        doc["pages"] = list(s.pages)
+    return doc
+
+
+def kernel_inputs_doc(res) -> dict:
+    """The kernels' inputs a run took (an Attention or Backward record); {} for a plain run."""
+    doc = {}
+    if getattr(res, "batch", ""):
+        doc["batch"] = res.batch
+    if getattr(res, "softcap", None) is not None:
+        doc["softcap"] = res.softcap
+    if getattr(res, "alibi", False):
+        doc["alibi"] = True
+    if getattr(res, "sinks", False):
+        doc["sinks"] = True
+    return doc
 
 
 def trace_doc(rep) -> dict:
@@ -188,7 +207,7 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
         "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
         "scale": res.scale, "causal": res.causal, "causal_align": res.align,
         "window": None if res.window is None else list(res.window),
-        "mask": res.mask,
+        "mask": res.mask, **kernel_inputs_doc(res),
         "block_q": res.block_q, "block_k": res.block_k,
         "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
         "tiles_total": res.tiles_total, "rescales": res.rescales,
@@ -289,16 +308,19 @@ def backward_doc(rep) -> dict:
         "shape_q": list(r.shape_q), "shape_k": list(r.shape_k), "shape_v": list(r.shape_v),
         "scale": r.scale, "causal": r.causal, "causal_align": r.align,
         "window": None if r.window is None else list(r.window), "mask": r.mask,
-        "own_forward": r.own_forward, "block_q": r.block_q, "block_k": r.block_k,
+        **kernel_inputs_doc(r), "own_forward": r.own_forward, "block_q": r.block_q,
+        "block_k": r.block_k,
         "tiles_computed": r.tiles_computed, "tiles_skipped": r.tiles_skipped,
         "tiles_total": r.tiles_total, "masked_rows": r.masked_rows,
-        "delta_min": float(d.min(initial=0.0)), "delta_max": float(d.max(initial=0.0)),
+        "delta_min": float(d.min()) if d.size else None,
+        "delta_max": float(d.max()) if d.size else None,
         "errors": rep.errors,
         "traced": {"batch": b, "head": h, "query": i, "key": r.traced_key, "kv_head": r.kv_head},
         "key_trace": [grad_step_doc(s) for s in r.key_trace],
         "query_trace": [grad_step_doc(s) for s in r.query_trace],
         "traced_rows": {n: np.asarray(x, dtype=np.float64) for n, x in rep.traced_rows.items()},
         "reference_rows": rep.ref_rows,
+        **({} if r.dsink is None else {"dsink": r.dsink}),
     }
     if rep.model is not None:
         doc["precision"] = {

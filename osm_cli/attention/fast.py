@@ -1,0 +1,140 @@
+"""The forward's loop over K/V tiles with the rescale step fused in place: core.state's
+rescale_step, operation for operation in the same order and dtype, so the same bits.
+
+core/state.py writes the update as the papers do, a new array for every quantity, and that is
+the form to read. This is the form to run: each quantity of one Q tile (m, l, O, α, the block
+max, P, P·V) has one buffer that every K/V tile writes over (`out=` everywhere, S included,
+through score_tile's out), and m_new is copied back into m for the next tile. Two
+changes are exact by construction: the block max is an fmax reduction (the same maximum, as
+S holds no NaN, and quicker), and the −inf guard is applied to a copy of m_new in place.
+tests/test_fast.py runs both loops and asks for identical bits, traces and counters.
+Consecutive Q tiles are stacked and run as one loop, up to 2048 rows a step (q_groups).
+Leaves out: the merge form and float masks that widen S (forward.py runs those through
+core.state as written), the schedule over Q tiles (forward.py).
+
+Example: fused_q_tiles(plan, (0, 128), out5, lse5) fills the rows 0:256 of out5 and lse5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from osm_cli.core.record import Step
+from osm_cli.core.state import State, finalize, moved
+
+from .plan import Counts, Plan, q_rows, row_step, sink_step, tiles
+
+STACK_ROWS = 2048  # query rows a fused step aims for; S is then 1 MiB of float32 (in L2)
+
+
+class _Tile:
+    """The running state (m, l, O) of one Q tile's rows and the scratch its steps write over."""
+
+    def __init__(self, shape: tuple[int, int], dv: int, dtype: np.dtype):
+        self.m = np.full(shape, -np.inf, dtype=dtype)  # the textbook start: m = -inf, l = 0
+        self.l = np.zeros(shape, dtype=dtype)
+        self.o = np.zeros((*shape, dv), dtype=dtype)
+        self.m_new, self.alpha, self.block_max, self.ref, self.p_sum = (
+            np.empty(shape, dtype=dtype) for _ in range(5))
+        self.pv = np.empty((*shape, dv), dtype=dtype)
+        self._s: dict[int, np.ndarray] = {}
+
+    def s(self, width: int) -> np.ndarray:
+        """The S buffer for a tile of `width` keys, contiguous like a new array would be."""
+        if width not in self._s:
+            self._s[width] = np.empty((*self.m.shape, width), dtype=self.m.dtype)
+        return self._s[width]
+
+    def step(self, c: slice, s: np.ndarray, v: np.ndarray, threshold: float,
+             p_round: Callable | None) -> None:
+        """rescale_step(State(m, l, O), s, v) for the stacked Q tiles c, into m_new, l, O,
+        alpha and block_max; s becomes P. Each line is the textbook's, with the array it
+        writes named."""
+        m, m_new, ref, alpha = self.m[c], self.m_new[c], self.ref[c], self.alpha[c]
+        block_max, l, o, pv = self.block_max[c], self.l[c], self.o[c], self.pv[c]
+        np.fmax.reduce(s, axis=-1, out=block_max)
+        if threshold > 0:
+            np.add(m, threshold, out=m_new)
+            moves = block_max > m_new
+            np.maximum(m, block_max, out=m_new)
+            np.copyto(m_new, m, where=~moves)
+        else:
+            np.maximum(m, block_max, out=m_new)
+        np.copyto(ref, m_new)
+        np.copyto(ref, 0, where=np.isneginf(m_new))  # state._ref: subtract 0 while m is -inf
+        with np.errstate(over="ignore"):  # s - m below -max rounds to -inf, whose exp is 0
+            np.exp(np.subtract(m, ref, out=alpha), out=alpha)
+            np.subtract(s, ref[..., None], out=s)
+        np.exp(s, out=s)
+        np.add.reduce(s, axis=-1, out=self.p_sum[c])
+        np.add(np.multiply(l, alpha, out=l), self.p_sum[c], out=l)
+        np.matmul(s if p_round is None else p_round(s), v, out=pv)
+        np.add(np.multiply(o, alpha[..., None], out=o), pv, out=o)
+
+
+def q_groups(plan: Plan) -> list[tuple[int, ...]]:
+    """The Q tiles (their first rows) in the groups fused_q_tiles runs as one loop.
+
+    Q tiles of the same length that follow each other are stacked up to STACK_ROWS rows a step
+    (for one head of 128-row tiles, 16 of them): numpy then pays its per-call cost once for all
+    of them, while each keeps its own matmuls and rows, so the numbers are those of one tile at
+    a time. Under a causal band or a window a K/V tile may be hidden from the first or last
+    tiles of a group; the step then runs on the others only (plan.tiles' seen). A user's mask
+    can hide it from any of them: one tile each.
+    """
+    b, hk, g = plan.groups
+    size = 1
+    if plan.user_mask is None and plan.slopes is None:  # ALiBi's bias depends on the rows
+        size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
+    whole = [i0 for i0 in plan.q_starts if i0 + plan.bq <= plan.t]
+    short = [(i0,) for i0 in plan.q_starts if i0 + plan.bq > plan.t]
+    return [tuple(whole[i:i + size]) for i in range(0, len(whole), size)] + short
+
+
+def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np.ndarray, *,
+                  threshold: float = 0.0, p_round: Callable | None = None
+                  ) -> tuple[list[Step], Counts]:
+    """forward._q_tile with the rescale form, fused, for the Q tiles of `group` (of one length,
+    from q_groups) stacked: their rows of out5 and lse5 written, the traced row's steps and the
+    counts returned (the same as _q_tile's for each tile, added up)."""
+    b, hk, g = plan.groups
+    rows = [q_rows(plan, i0) for i0 in group]
+    qt = np.stack([r[0] for r in rows])  # (tiles, B·Hkv, g·n, d); K and V broadcast over tiles
+    n = rows[0][1]
+    at = next(((c, *r[2]) for c, r in enumerate(rows) if r[2] is not None), None)
+    st = _Tile(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
+    steps: list[Step] = []
+    counts = Counts()
+    for bounds, s, v, seen in tiles(plan, group, qt, st.s):
+        c = slice(*(seen or (0, 0)))  # the stacked Q tiles that see this K/V tile
+        width = c.stop - c.start
+        counts.skipped += len(group) - width
+        traced = at is not None and c.start <= at[0] < c.stop
+        if at is not None and not traced:
+            m, l = st.m[at], st.l[at]
+            steps.append(row_step(bounds, -np.inf, m, m, 1.0, l, l, st.o[at], True))
+        if s is None:
+            continue
+        l_prev = st.l[at] if traced else None
+        st.step(c, s, v, threshold, p_round)
+        counts.computed += width
+        counts.row_visits += n * width
+        counts.rescales += int(np.count_nonzero(moved(st.m[c], st.m_new[c])))
+        if traced:
+            steps.append(row_step(bounds, st.block_max[at], st.m[at], st.m_new[at],
+                                  st.alpha[at], l_prev, st.l[at], st.o[at]))
+        np.copyto(st.m[c], st.m_new[c])
+    final = State(st.m, st.l, st.o)
+    if plan.sinks is not None:
+        final, step = sink_step(plan, final, n, at)
+        steps += step
+    lse, o = finalize(final)
+    for c, i0 in enumerate(group):
+        out5[..., i0:i0 + n, :] = o[c].reshape(b, hk, g, n, out5.shape[-1])
+        lse5[..., i0:i0 + n] = lse[c].reshape(b, hk, g, n)
+    return steps, counts
+
+
+__all__ = ["STACK_ROWS", "fused_q_tiles", "q_groups"]

@@ -1,0 +1,266 @@
+"""The plan of a tiled run and the tiles it visits: what every tile loop shares.
+
+`make_plan` checks Q, K, V and the options once and fixes the tiles; `q_rows` is one Q tile's
+rows scaled and stacked for matmul; `tiles` walks the K/V tiles for one Q tile, or a group of
+them stacked, in the order visited, each as masks.score_tile makes it (None where the mask
+hides the whole tile);
+`row_step` is the traced row's Step for one tile. The forward's two loops over K/V tiles
+(forward.py, the update step of core.state as written; fast.py, the same arithmetic fused in
+place) both run on these, and a backward pass can reuse them.
+Leaves out: the update itself (core/state.py, fast.py), the loop's schedule and the result
+(forward.py).
+
+Example: plan = make_plan(q, k, v, ScoreOptions(causal=True), Tiling(), Hooks(), (0, 0, 0))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from osm_cli.core.record import Step
+from osm_cli.core.state import State, with_sink
+from osm_cli.errors import InputError, ShapeError
+
+from .masks import (
+    Band,
+    alibi_bias,
+    check_mask,
+    check_score_range,
+    make_band,
+    scale_q,
+    score_tile,
+    tile_kind,
+)
+from .options import Hooks, ScoreOptions, Tiling
+from .shapes import bhnd_inputs, broadcast_mask, check_finite, check_traced, kv_head
+
+O_SHOWN = 3  # components of O a trace step keeps
+
+
+@dataclass
+class Counts:
+    """What one Q tile's loop counted: K/V tiles computed and skipped, rescales, row visits."""
+
+    computed: int = 0
+    skipped: int = 0
+    rescales: int = 0
+    row_visits: int = 0
+
+    def __iadd__(self, other: Counts) -> Counts:
+        self.computed += other.computed
+        self.skipped += other.skipped
+        self.rescales += other.rescales
+        self.row_visits += other.row_visits
+        return self
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the tile loop needs, fixed once: the inputs grouped by kv head, the tiles,
+    the masks, the state's dtype and where the traced row is."""
+
+    q5: np.ndarray  # (B, Hkv, g, t, d): the g query heads that share a kv head
+    k3: np.ndarray  # (B·Hkv, s, d)
+    v3: np.ndarray  # (B·Hkv, s, dv)
+    t: int
+    bq: int
+    bk: int
+    k0: int
+    k1: int
+    starts: tuple[int, ...]  # first key of each K/V tile, in the order visited
+    band: Band | None
+    user_mask: np.ndarray | None  # (B, Hkv, g, t, s)
+    accum: np.dtype
+    scale: float
+    traced: tuple  # (batch, head, query) or (-1, -1, -1)
+    at_row: tuple  # the traced row as (batch, kv head, query head within its group)
+    softcap: float | None = None  # scores become softcap·tanh(S / softcap)
+    slopes: np.ndarray | None = None  # ALiBi: (B·Hkv, g), one slope per query head
+    sinks: np.ndarray | None = None  # (B·Hkv, g): each query head's sink logit
+    offset: int = 0  # s − t: where query i's diagonal meets the keys (ALiBi's distance)
+
+    def bias(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
+             g1: int | None = None) -> np.ndarray | None:
+        """ALiBi's bias for the rows i0:i1 of every query head of kv groups g0:g1 (stacked as
+        the tiles are, g·n rows) and keys j0:j1; None without ALiBi."""
+        if self.slopes is None:
+            return None
+        g = self.q5.shape[2]
+        n = i1 - i0
+        rows = np.tile(np.arange(i0, i1), g)
+        per_row = np.repeat(self.slopes[g0:g1], n, axis=-1)  # (G', g·n)
+        return alibi_bias(per_row, rows, j0, j1, self.offset, self.accum)
+
+    def sink_rows(self, n: int, g0: int = 0, g1: int | None = None) -> np.ndarray | None:
+        """The sink of every row of a tile stack of n queries per head: (G', g·n)."""
+        return None if self.sinks is None else np.repeat(self.sinks[g0:g1], n, axis=-1)
+
+    @property
+    def groups(self) -> tuple[int, int, int]:
+        b, hk, g = self.q5.shape[:3]
+        return b, hk, g
+
+    @property
+    def q_starts(self) -> range:
+        """The first query row of each Q tile."""
+        return range(0, self.t, self.bq)
+
+    def tile_work(self, i0: int) -> int:
+        """How many K/V tiles the Q tile at i0 computes (the causal band and window skip some;
+        the user's mask is not looked at): for scheduling the heaviest tiles first."""
+        i1 = min(self.t, i0 + self.bq)
+        if self.band is None:
+            return len(self.starts)
+        return sum(self.band.tile(i0, i1, j0, min(self.k1, j0 + self.bk)) != "skip"
+                   for j0 in self.starts)
+
+
+def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_at) -> Plan:
+    """Check the inputs and fix what every Q tile shares."""
+    q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
+    b, hq, t, d = q4.shape
+    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    g = hq // hk
+    bq, bk = tiling.blocks(d)
+    accum = hooks.accum
+    if accum is None:
+        accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
+    q_max, k_max, _ = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K"), (v4, "V")))
+    check_score_range(q4, k4, opts.scale_for(d), accum, q_max, k_max)
+    band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
+    mask = check_mask(opts.mask)
+    user_mask = None
+    if mask is not None:
+        user_mask = broadcast_mask(mask, (b, hq, t, s)).reshape(b, hk, g, t, s)
+    k0, k1 = (0, s) if tiling.keys is None else tiling.keys
+    if not 0 <= k0 <= k1 <= s:
+        raise InputError(f"key range {k0}:{k1} is outside 0:{s}")
+    starts = list(range(k0, k1, bk))
+    if tiling.order is not None:
+        if sorted(int(i) for i in tiling.order) != list(range(len(starts))):
+            raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
+        starts = [starts[int(i)] for i in tiling.order]
+    if tiling.reverse:
+        starts = starts[::-1]
+    check_traced(trace_at, (b, hq, t))
+    tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
+    slopes, sinks = (per_head(x, name, b, hq, hk, accum) for x, name in (
+        (opts.alibi_slopes, "alibi_slopes"), (opts.sinks, "sinks")))
+    # One matmul per kv head: the g query heads that share it are stacked as rows of one tile
+    # (G = B·Hkv batches of g·n rows), so BLAS sees a few large 3-D products, not many small ones.
+    return Plan(
+        q4.reshape(b, hk, g, t, d), k4.reshape(b * hk, s, d), v4.reshape(b * hk, s, dv), t,
+        bq, bk, k0, k1, tuple(starts), band, user_mask, np.dtype(accum), opts.scale_for(d),
+        (tb, th, ti), (tb, kv_head(th, hq, hk), th % g), opts.softcap, slopes, sinks, s - t,
+    )
+
+
+def per_head(x, name: str, b: int, hq: int, hk: int, dtype) -> np.ndarray | None:
+    """ALiBi slopes ((H,) or (B, H)) or sinks ((H,)) as (B·Hkv, g), one per query head of
+    each kv group; a ShapeError when they do not fit Q's heads (docs/numerics.md#alibi)."""
+    if x is None:
+        return None
+    x = np.asarray(x, dtype=np.float64)
+    shapes = [(hq,)] + ([(b, hq)] if name == "alibi_slopes" else [])
+    if x.shape not in shapes:
+        want = " or ".join(str(sh) for sh in shapes)
+        raise ShapeError(f"{name} has shape {tuple(x.shape)}; Q has {hq} heads (batch {b}), "
+                         f"so it must be {want}")
+    return np.broadcast_to(x, (b, hq)).reshape(b * hk, hq // hk).astype(dtype)
+
+
+def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
+    """The Q tile at i0 as (B·Hkv, g·n, d) rows, scaled (masks.scale_q); its row count n; and
+    where the traced row sits in it as (batch·kv head, row), or None when it is elsewhere."""
+    b, hk, g = plan.groups
+    i1 = min(plan.t, i0 + plan.bq)
+    n = i1 - i0
+    d = plan.q5.shape[-1]
+    qt = scale_q(plan.q5[..., i0:i1, :], plan.scale, plan.accum).reshape(b * hk, g * n, d)
+    ti = plan.traced[2]
+    at = None
+    if plan.traced[0] >= 0 and i0 <= ti < i1:
+        at = (plan.at_row[0] * hk + plan.at_row[1], plan.at_row[2] * n + ti - i0)
+    return qt, n, at
+
+
+def tiles(plan: Plan, group: tuple[int, ...], qt: np.ndarray,
+          out: Callable[[int], np.ndarray] | None = None) -> Iterator[tuple]:
+    """The K/V tiles in visiting order for the Q tiles whose first rows are `group` (all of one
+    length; qt their rows stacked, (tiles, B·Hkv, g·n, d)): (bounds, S, V rows, seen) each.
+
+    bounds = (tile index, first key, stop). seen = (c0, c1): the Q tiles group[c0:c1] that see
+    some key of the tile, and S = masks.score_tile for them, (c1 − c0, B·Hkv, g·n, width); S and
+    seen are None where the mask hides the tile from all of them. A band hides a K/V tile from
+    the Q tiles at the ends of a group, never from one between two that see it; a user's mask
+    can, so its groups are of one tile. out(width), if given, is the buffer S is written into
+    (score_tile's out), of the whole group.
+    """
+    b, hk, g = plan.groups
+    n = qt.shape[-2] // g
+    if plan.user_mask is not None and len(group) > 1:
+        raise ValueError("a user's mask runs one Q tile at a time")
+    for j0 in plan.starts:
+        bounds = ((j0 - plan.k0) // plan.bk, j0, min(plan.k1, j0 + plan.bk))
+        j1 = bounds[2]
+        um = None
+        if plan.user_mask is not None:
+            um = plan.user_mask[..., group[0]:group[0] + n, j0:j1].reshape(1, b * hk, g * n,
+                                                                             j1 - j0)
+        kinds = [tile_kind(plan.band, um, i0, i0 + n, j0, j1) for i0 in group]
+        seen = [c for c, kind in enumerate(kinds) if kind != "skip"]
+        if not seen:
+            yield bounds, None, None, None
+            continue
+        c0, c1 = seen[0], seen[-1] + 1
+        vis = None
+        if "partial" in kinds[c0:c1]:  # (tiles, 1, g·n, width): each Q tile's own band
+            vis = np.stack([plan.band.visible(i0, i0 + n, j0, j1) for i0 in group[c0:c1]])
+            vis = np.tile(vis, (1, g, 1))[:, None]
+        kT = plan.k3[:, j0:j1, :].astype(plan.accum, copy=False).swapaxes(-1, -2)
+        # ALiBi's bias depends on the rows: such runs stack no Q tiles (fast.q_groups)
+        bias = plan.bias(group[0], group[0] + n, j0, j1)
+        s = score_tile(qt[c0:c1], kT, vis, um, out=None if out is None else out(j1 - j0)[c0:c1],
+                       softcap=plan.softcap, bias=bias)
+        yield bounds, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False), (c0, c1)
+
+
+def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,
+             masked: bool = False, sink: bool = False) -> Step:
+    """The traced row's Step for one K/V tile, from its values (o: the row's O after it)."""
+    o = np.asarray(o, dtype=np.float64)
+    return Step(*bounds, float(block_max), float(m_prev), float(m), float(alpha), float(l_prev),
+                float(l), masked=masked, o=o[:O_SHOWN].copy(), o_norm=_norm(o), sink=sink)
+
+
+def sink_step(plan: Plan, state: State, n: int, at: tuple | None) -> tuple[State, list[Step]]:
+    """The sinks joined to a Q tile's final state (core.state.with_sink), and the traced row's
+    Step for it (block -1: no keys; block_max is the sink) when the row is in this tile.
+    state's arrays are (…, B·Hkv, g·n): a stack of Q tiles shares the plan's sinks."""
+    sinks = plan.sink_rows(n)
+    new, alpha = with_sink(state, np.broadcast_to(sinks, state.m.shape))
+    if at is None:
+        return new, []
+    return new, [row_step((-1, 0, 0), sinks[at[-2:]], state.m[at], new.m[at], alpha[at],
+                          state.l[at], new.l[at], new.o[at], sink=True)]
+
+
+def _norm(x: np.ndarray) -> float:
+    """‖x‖ without overflow on the way (x near 1e300): when the plain norm overflows, again
+    scaled by its largest magnitude first."""
+    with np.errstate(over="ignore"):
+        plain = float(np.linalg.norm(x))
+        top = float(np.abs(x).max(initial=0.0))
+        if math.isfinite(plain) or not math.isfinite(top):
+            return plain
+        return top * float(np.linalg.norm(x / top))  # beyond float64 itself: inf, shown so
+
+
+__all__ = [
+    "O_SHOWN", "Counts", "Plan", "make_plan", "per_head", "q_rows", "row_step", "sink_step",
+    "tiles",
+]

@@ -1,0 +1,244 @@
+"""The fused forward (attention/fast.py) against the textbook loop (core.state.rescale_step),
+and the fused float64 reference against the one-shot as written.
+
+The claim is identity, not closeness: the fused loop does the textbook's operations in the same
+order and dtype into reused buffers, so out, lse, every traced Step and every counter must be
+bit for bit the same, in float64 and in float32, under causal masks, windows, user masks, GQA,
+t ≠ s, tiles that do not divide the lengths, rows with no visible key, a lazy-rescale threshold,
+P's rounding and a permuted tile order. One step is also compared with rescale_step directly.
+The reference's two forms must agree the same way, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from osm_cli.attention import reference as reference_module
+from osm_cli.attention.fast import _Tile, q_groups
+from osm_cli.attention.forward import Attention, attention
+from osm_cli.attention.options import Hooks, ScoreOptions, Tiling
+from osm_cli.attention.plan import make_plan
+from osm_cli.attention.reference import reference
+from osm_cli.core.state import State, rescale_step
+from osm_cli.precision.model import hooks_for, model, run
+
+
+def same(a: Attention, b: Attention) -> None:
+    """Every field of two runs identical: arrays bit for bit (and of one dtype), steps field by
+    field (their o arrays bit for bit)."""
+    for name in Attention.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if name == "trace":
+            assert len(x) == len(y)
+            for sa, sb in zip(x, y, strict=True):
+                for field in sa.__dataclass_fields__:
+                    fa, fb = getattr(sa, field), getattr(sb, field)
+                    if isinstance(fa, np.ndarray) or isinstance(fb, np.ndarray):
+                        assert np.array_equal(fa, fb), (name, field)
+                    else:
+                        assert fa == fb or (fa != fa and fb != fb), (field, fa, fb)
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
+        else:
+            assert x == y, (name, x, y)
+
+
+def both(q, k, v, **kw) -> tuple[Attention, Attention]:
+    return attention(q, k, v, fused=True, **kw), attention(q, k, v, fused=False, **kw)
+
+
+def inputs(b, hq, hk, t, s, d, dv, dtype=np.float64, seed=0, spread=1.0):
+    rng = np.random.default_rng(seed)
+    return (spread * rng.standard_normal((b, hq, t, d)).astype(dtype),
+            spread * rng.standard_normal((b, hk, s, d)).astype(dtype),
+            rng.standard_normal((b, hk, s, dv)).astype(dtype))
+
+
+# (b, hq, hk, t, s, d, dv, block_q, block_k)
+SHAPES = [
+    (1, 8, 8, 300, 300, 64, 64, None, None),  # FA2's default tiles, a partial last tile
+    (2, 4, 2, 113, 203, 17, 9, 16, 48),  # GQA, t < s
+    (1, 6, 2, 203, 113, 8, 5, 37, 10),  # GQA, t > s: causal rows with no key
+    (1, 1, 1, 5, 2, 3, 1, 2, 1),
+    (2, 3, 1, 64, 257, 33, 16, 64, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("masks", ["none", "causal", "causal top-left", "window", "bool",
+                                   "float", "window bool"])
+@pytest.mark.parametrize(("b", "hq", "hk", "t", "s", "d", "dv", "bq", "bk"), SHAPES)
+def test_fused_is_the_textbook_loop(b, hq, hk, t, s, d, dv, bq, bk, masks, dtype):
+    q, k, v = inputs(b, hq, hk, t, s, d, dv, dtype, seed=t + s)
+    rng = np.random.default_rng(1)
+    kw: dict = {"block_q": bq, "block_k": bk, "trace_at": (b - 1, hq - 1, t // 2)}
+    if masks.startswith("causal"):
+        kw.update(causal=True, causal_align="top-left" if "top-left" in masks else "bottom-right")
+    if "window" in masks:
+        kw["window"] = (7, 3)
+    if "bool" in masks:
+        kw["mask"] = rng.random((b, hq, t, s)) < 0.7
+    if masks == "float":  # the mask's own dtype: float64 on float32 scores runs the textbook
+        kw["mask"] = np.where(rng.random((t, s)) < 0.2, -np.inf,
+                              rng.standard_normal((t, s))).astype(dtype)
+    fused, textbook = both(q, k, v, **kw)
+    same(fused, textbook)
+    assert fused.tiles_computed + fused.tiles_skipped == fused.tiles_total
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fused_lazy_rescale_order_and_key_range(dtype):
+    q, k, v = inputs(1, 4, 2, 150, 333, 16, 8, dtype, seed=3, spread=2.0)
+    rng = np.random.default_rng(2)
+    for kw in ({"threshold": 1.5}, {"threshold": 8.0, "causal": True},
+               {"order": rng.permutation(-(-333 // 32))},
+               {"keys": (20, 300), "order": rng.permutation(-(-280 // 32)), "causal": True}):
+        kw = {"block_k": 32, **kw}
+        same(*both(q, k, v, trace_at=(0, 3, 149), **kw))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3"])
+def test_fused_precision_model_rounds_p_the_same(name):
+    """The flash model's float32 state and P rounded to the dtype before P·V (Hooks.p_round)."""
+    mod = model(name)
+    q, k, v = (x.astype(mod.dtype).astype(np.float32) for x in inputs(1, 2, 2, 200, 190, 16, 16))
+    assert mod.p_round is not None
+    a = run(mod, q, k, v, causal=True, hooks=hooks_for(mod))
+    b = run(mod, q, k, v, causal=True, hooks=hooks_for(mod), fused=False)
+    same(a, b)
+
+
+def test_fused_untraced_and_masked_rows():
+    """No traced row; a user mask that hides whole rows and whole tiles (LSE -inf, O 0)."""
+    q, k, v = inputs(2, 2, 2, 40, 50, 4, 3, seed=9)
+    mask = np.ones((40, 50), bool)
+    mask[5:9] = False  # rows with no key
+    mask[:, 16:32] = False  # a K/V tile hidden for every row
+    for masked_lse in ("neg-inf", "zero"):
+        fused, textbook = both(q, k, v, mask=mask, block_q=8, block_k=16, trace_at=None,
+                               masked_lse=masked_lse)
+        same(fused, textbook)
+        assert fused.masked_rows == 2 * 2 * 4 and fused.tiles_skipped > 0
+
+
+def test_fused_stacks_unmasked_q_tiles_of_one_head():
+    """One head, no mask: Q tiles run stacked (q_groups), the short last one alone; the numbers,
+    the traced row inside a stack, the counts and the progress calls are those of one at a time."""
+    q, k, v = inputs(1, 1, 1, 1000, 300, 16, 8, np.float32, seed=11)
+    plan = make_plan(q, k, v, ScoreOptions(), Tiling(block_q=64), Hooks(), None)
+    groups = q_groups(plan)
+    assert groups == [tuple(range(0, 960, 64)), (960,)]
+    calls: dict[bool, list] = {True: [], False: []}
+    for fused in (True, False):
+        calls[fused].append(attention(q, k, v, block_q=64, fused=fused, trace_at=(0, 0, 555),
+                                      progress=lambda done, total, f=fused:
+                                      calls[f].append((done, total))))
+    same(calls[True][-1], calls[False][-1])
+    assert calls[True][-2] == (16, 16) and calls[False][-2] == (16, 16)
+
+
+@pytest.mark.parametrize("shapes", [((0, 2, 5, 4), (0, 2, 6, 4)), ((1, 2, 0, 4), (1, 2, 6, 4)),
+                                    ((1, 2, 5, 4), (1, 2, 0, 4))])
+def test_fused_empty_batch_queries_or_keys(shapes):
+    sq, sk = shapes
+    q, k = np.ones(sq), np.ones(sk)
+    v = np.ones((*sk[:-1], 3))
+    for causal in (False, True):
+        same(*both(q, k, v, causal=causal, trace_at=None))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]),
+       st.integers(1, 70), st.integers(0, 70), st.integers(1, 9), st.integers(1, 40),
+       st.integers(1, 40), st.booleans(), st.sampled_from([None, (0, 0), (5, -1), (-1, 2)]),
+       st.booleans(), st.integers(0, 10**6))
+def test_fused_is_the_textbook_loop_on_random_inputs(b, heads, t, s, d, bq, bk, causal, window,
+                                                     with_mask, seed):
+    hq, hk = heads
+    q, k, v = inputs(b, hq, hk, t, s, d, 1 + seed % 5, seed=seed, spread=1 + seed % 3)
+    mask = None
+    if with_mask:
+        mask = np.random.default_rng(seed).random((b, 1, t, s)) < 0.8
+    same(*both(q, k, v, causal=causal, window=window, mask=mask, block_q=bq, block_k=bk,
+               trace_at=(b - 1, hq - 1, seed % t)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("threshold", [0.0, 0.7])
+def test_one_fused_step_is_rescale_step(dtype, threshold):
+    """_Tile.step against rescale_step on one state: rows still at -inf, rows whose max moves,
+    rows whose max stays, a row of only -inf scores."""
+    rng = np.random.default_rng(4)
+    rows, width, dv = 6, 11, 3
+    m = np.array([-np.inf, -np.inf, 0.5, 2.0, 3.0, -1.0], dtype=dtype)
+    l = np.where(np.isneginf(m), 0, rng.random(rows) + 1).astype(dtype)
+    o = np.where(np.isneginf(m)[:, None], 0, rng.standard_normal((rows, dv))).astype(dtype)
+    s = (2 * rng.standard_normal((rows, width))).astype(dtype)
+    s[1] = -np.inf
+    s[3, :5] = -np.inf
+    v = rng.standard_normal((width, dv)).astype(dtype)
+    want = rescale_step(State(m, l, o), s, v, threshold=threshold)
+    tile = _Tile((rows,), dv, np.dtype(dtype))
+    tile.m[:], tile.l[:], tile.o[:] = m, l, o
+    buf = tile.s(width)
+    buf[:] = s
+    tile.step(slice(None), buf, v, threshold, None)
+    for got, exp in ((tile.m_new, want.state.m), (tile.l, want.state.l), (tile.o, want.state.o),
+                     (tile.alpha, want.alpha), (tile.block_max, want.block_max)):
+        assert got.dtype == exp.dtype and np.array_equal(got, exp)
+
+
+# ---------------------------------------------------------------------------------------------
+# The float64 reference: _one_shot_fused against _one_shot as written
+
+
+def same_reference(q, k, v, **kw) -> None:
+    fused = reference(q, k, v, **kw)
+    textbook = reference(q, k, v, fused=False, **kw)
+    for a, b in zip(fused, textbook, strict=True):
+        assert a.dtype == b.dtype == np.float64 and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 7])
+@pytest.mark.parametrize("masks", ["none", "causal", "causal top-left", "window", "bool",
+                                   "float"])
+def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
+    """Chunks of query rows as _one_shot cuts them (monkeypatched small: a chunk of one row is
+    a matrix-vector product in BLAS), GQA, t ≠ s, bnhd, float32 inputs, rows with no key."""
+    if chunk is not None:
+        monkeypatch.setattr(reference_module, "_chunk_rows", lambda heads, s: chunk)
+    rng = np.random.default_rng(5)
+    kw: dict = {}
+    if masks.startswith("causal"):
+        kw.update(causal=True, causal_align="top-left" if "top-left" in masks else "bottom-right")
+    if masks == "window":
+        kw["window"] = (3, 0)
+    for b, hq, hk, t, s, d, dv in ((2, 4, 2, 23, 17, 5, 3), (1, 3, 3, 9, 40, 8, 8)):
+        q, k, v = inputs(b, hq, hk, t, s, d, dv, seed=t * s, spread=3.0)
+        if masks == "bool":
+            kw["mask"] = rng.random((b, hq, t, s)) < 0.6
+        if masks == "float":
+            kw["mask"] = np.where(rng.random((t, s)) < 0.3, -np.inf, rng.standard_normal((t, s)))
+        same_reference(q, k, v, **kw)
+        same_reference(q.astype(np.float32), k.astype(np.float32), v, **kw)
+        same_reference(*(x.swapaxes(1, 2) for x in (q, k, v)), layout="bnhd",
+                       **{n: x for n, x in kw.items() if n != "mask"})
+
+
+def test_fused_reference_edges():
+    """No keys at all; one key; one query; many heads on one kv head."""
+    for b, hq, hk, t, s in ((1, 2, 1, 4, 0), (1, 1, 1, 5, 1), (2, 2, 2, 1, 30), (1, 33, 1, 3, 70)):
+        same_reference(*inputs(b, hq, hk, t, s, 4, 2, seed=s), causal=s > 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2)]), st.integers(1, 60),
+       st.integers(1, 60), st.integers(1, 9), st.booleans(),
+       st.sampled_from([None, (0, 0), (5, -1), (-1, 2)]), st.integers(0, 10**6))
+def test_fused_reference_on_random_inputs(b, heads, t, s, d, causal, window, seed):
+    hq, hk = heads
+    same_reference(*inputs(b, hq, hk, t, s, d, 3, seed=seed, spread=1 + seed % 4),
+                   causal=causal, window=window)
