@@ -102,9 +102,7 @@ def trace(
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
                        precision=precision and precision.value, keep=keep)
-    save((csv, lambda: export.steps_csv_chunks(
-              [(t.form, rep.iter_steps(i)) for i, t in enumerate(rep.traces)]),
-          "step table, CSV"),
+    save((csv, lambda: export.trace_csv_chunks(rep), "step table, CSV"),
          (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:
         return emit_json(documents.trace_doc(rep))

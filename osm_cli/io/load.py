@@ -255,14 +255,28 @@ def check_scores(scores: np.ndarray, name: str) -> np.ndarray:
     if scores.size == 0:
         raise InputError(f"{name}: is empty {tuple(scores.shape)}; there are no scores")
     out = np.asarray(scores, dtype=np.float64)
-    if (at := _first(np.isnan(out))) is not None:
-        raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
-    if (at := _first(np.isposinf(out))) is not None:
-        raise InputError(
-            f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
-            "Mask a score with -inf"
-        )
+    if not _all_below_inf(out):  # else there is no NaN and no +inf: the common case, one pass
+        if (at := _first(np.isnan(out))) is not None:
+            raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
+        if (at := _first(np.isposinf(out))) is not None:
+            raise InputError(
+                f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
+                "Mask a score with -inf"
+            )
     return out
+
+
+CHECK_CHUNK = 1 << 20  # scores checked at once: a huge memory-mapped file needs no huge mask
+
+
+def _all_below_inf(s: np.ndarray) -> bool:
+    """Every score is below +inf (so none is NaN or +inf), checked about CHECK_CHUNK at a time
+    (whole rows, or pieces of a longer row), in whatever memory order s has."""
+    s2 = s.reshape(1, -1) if s.ndim == 1 else s
+    rows, n = s2.shape
+    per, width = max(1, CHECK_CHUNK // max(n, 1)), min(n, CHECK_CHUNK)
+    return all(bool((s2[r:r + per, a:a + width] < np.inf).all())
+               for r in range(0, rows, per) for a in range(0, n, width))
 
 
 def load_scores(source: str | None, values: str | None = None,

@@ -1,5 +1,6 @@
 """The --json documents: records in, plain dicts out, one function per document; and strict
-JSON text for them (`dumps`).
+JSON text for them (`dumps`; a long trace's steps and arrays are StepChunks and Pieces, which
+present/stream.py writes as they are computed).
 
 Keys and their order are the documents' contract (tests and scripts read them). The step
 record's field names are mapped to the documented keys in `_state`, `step_doc` and `tile_doc`
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 
 import numpy as np
+
+from .bulk import LONG
 
 
 def jsonable(obj):
@@ -57,11 +60,13 @@ def jsonable(obj):
     return obj
 
 
-class Items:
-    """A list written item by item (a long trace's steps): make() yields its items."""
+class StepChunks:
+    """A long trace's steps, written as a list of step_doc objects a chunk at a time: make()
+    yields core.record.StepColumns (reports.trace.TraceReport.iter_columns); lazy adds
+    "skipped". present/stream.py writes them."""
 
-    def __init__(self, make: Callable[[], Iterable]):
-        self.make = make
+    def __init__(self, make: Callable[[], Iterable], lazy: bool = False):
+        self.make, self.lazy = make, lazy
 
 
 class Pieces:
@@ -70,64 +75,6 @@ class Pieces:
 
     def __init__(self, shape: tuple, make: Callable[[], Iterable]):
         self.shape, self.make = tuple(shape), make
-
-
-def write_json(obj, write: Callable[[str], object], indent: int | None = 2) -> None:
-    """obj as strict JSON through write(text): dumps(obj) when obj holds no Items or Pieces;
-    else written as it is computed, on one line, as json.dumps would lay out the whole."""
-    if not _streams(obj):
-        write(dumps(obj, indent))
-        return
-    _write(obj, write)
-
-
-def _streams(obj) -> bool:
-    if isinstance(obj, (Items, Pieces)):
-        return True
-    if isinstance(obj, dict):
-        return any(_streams(v) for v in obj.values())
-    return False
-
-
-def _write(obj, write) -> None:
-    if isinstance(obj, dict):
-        write("{")
-        for n, (key, value) in enumerate(obj.items()):
-            write(f"{', ' if n else ''}{json.dumps(key)}: ")
-            _write(value, write)
-        write("}")
-    elif isinstance(obj, Items):
-        write("[")
-        batch: list[str] = []
-        first = True
-        for item in obj.make():
-            batch.append(json.dumps(jsonable(item), allow_nan=False))
-            if len(batch) == 4096:
-                write(("" if first else ", ") + ", ".join(batch))
-                batch, first = [], False
-        if batch:
-            write(("" if first else ", ") + ", ".join(batch))
-        write("]")
-    elif isinstance(obj, Pieces):
-        _write_pieces(obj, write)
-    else:
-        write(json.dumps(jsonable(obj), allow_nan=False))
-
-
-def _write_pieces(obj: Pieces, write) -> None:
-    """A 1-D array as one list; a 2-D one as a list of row lists."""
-    flat = len(obj.shape) == 1
-    n = obj.shape[-1]
-    write("[")
-    for r0, r1, a, b, values in obj.make():
-        for r in range(r0, r1):
-            body = json.dumps(jsonable(np.asarray(values[r - r0])), allow_nan=False)[1:-1]
-            if flat:
-                write((", " if a else "") + body)
-            else:
-                write(("" if a else (", [" if r else "[")) + (", " if a else "") + body
-                      + ("]" if b == n else ""))
-    write("]")
 
 
 def dumps(obj, indent: int | None = 2) -> str:
@@ -159,13 +106,14 @@ def step_doc(st, lazy: bool = False) -> dict:
     return d
 
 
-STREAM_ABOVE = 1 << 20  # scores: a larger trace's steps and arrays are written as computed
+STREAM_ABOVE = LONG  # scores: a larger trace's steps and arrays are written as computed
 
 
 def _steps(rep, t: int, lazy: bool = False):
-    """Trace t's steps as step_doc dicts: a list, or for a long trace Items made on demand."""
+    """Trace t's steps as step_doc dicts: a list, or for a long trace StepChunks made on
+    demand."""
     if rep.rows.size > STREAM_ABOVE:
-        return Items(lambda: (step_doc(st, lazy) for st in rep.iter_steps(t)))
+        return StepChunks(lambda: rep.iter_columns(t), lazy)
     return [step_doc(st, lazy) for st in rep.iter_steps(t)]
 
 
@@ -443,8 +391,8 @@ def cost_doc(c) -> dict:
 
 
 __all__ = [
-    "Items", "Pieces", "attention_doc", "attention_summary", "attention_sweep_doc",
+    "Pieces", "StepChunks", "attention_doc", "attention_summary", "attention_sweep_doc",
     "backward_doc", "check_doc", "grad_check_doc",
     "cost_doc", "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc",
-    "tile_doc", "trace_doc", "verdict_doc", "write_json",
+    "tile_doc", "trace_doc", "verdict_doc",
 ]

@@ -6,7 +6,8 @@ differences, the lazy vs eager report and the forward / order / tree check.
 A long trace is never held whole: the report keeps the traced row's first and last steps
 (keep) and, per row, what the one-shot references subtract and divide by (RowStats); the
 probabilities and references are computed a piece at a time (`piece`, `elements`) and the
-steps made again when all are needed (`iter_steps`), so memory stays that of the state and one
+steps made again when all are needed (`iter_steps`, or `iter_columns` a chunk of columns at a
+time, through core/fastfold.py for a plain trace), so memory stays that of the state and one
 piece. The lazy, order and --dtype checks compare whole runs and hold them in memory.
 
 Leaves out: the algorithms themselves (core/, studies/, precision/), files (io/), tables and
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from osm_cli.core.fold import Folding, Trace, online_softmax
-from osm_cli.core.record import Step
+from osm_cli.core.record import Step, StepColumns
 from osm_cli.core.reference import naive_from, naive_total, softmax_stats, stable_from
 from osm_cli.core.state import FORMS, State, probabilities
 from osm_cli.studies.lazy import LazyReport, lazy_report
@@ -173,12 +174,24 @@ class TraceReport:
 
     def iter_steps(self, t: int = 0) -> Iterator[Step]:
         """Every step of trace t: the ones kept, or (when only the ends were kept) all of them
-        made again, one at a time."""
+        made again, a chunk at a time."""
         tr = self.traces[t]
         if tr.step_count == len(tr.steps):
             yield from tr.steps
             return
-        yield from Folding(self.scores, self.block, tr.form, row=self.row)
+        run = Folding(self.scores, self.block, tr.form, row=self.row)
+        for cols in run.columns():
+            yield from run.records(cols)
+
+    def iter_columns(self, t: int = 0, batch: int = 4096) -> Iterator[StepColumns]:
+        """Every step of trace t as StepColumns, a chunk at a time: the ones kept, or (when
+        only the ends were kept) all of them made again (core.fastfold for a plain trace)."""
+        tr = self.traces[t]
+        if tr.step_count == len(tr.steps):
+            for a in range(0, len(tr.steps), batch):
+                yield StepColumns.from_steps(tr.steps[a:a + batch])
+            return
+        yield from Folding(self.scores, self.block, tr.form, row=self.row).columns()
 
 
 def _max_diffs(rep: TraceReport) -> tuple[np.ndarray, float | None]:
@@ -206,7 +219,8 @@ def trace_report(
     order check; threshold τ > 0 runs the lazy rescale and adds the lazy vs eager report; dtype
     (a name) runs it on the scores rounded to that dtype instead, the state held as `precision`
     (flash, the default, or naive) holds it. keep=K keeps only the first and last K steps of
-    a plain trace (no order, threshold or dtype): iter_steps makes all of them again.
+    a plain trace (no order, threshold or dtype): iter_steps and iter_columns make all of them
+    again.
     """
     forms = FORMS if form == "both" else (form,)
     if dtype is not None:
