@@ -1,10 +1,10 @@
 """Files in and out: loading and validating inputs (load.py; .safetensors in tensorfile.py),
 all-or-nothing writes (save.py)."""
 
+from .bundles import bundle_inputs, load_backward, load_bundle, load_qkv
 from .load import (
     BUNDLE_NAMES,
     TENSOR_SUFFIXES,
-    bundle_inputs,
     check_file,
     check_mask,
     check_not_void,
@@ -13,11 +13,8 @@ from .load import (
     is_bundle,
     is_qkv,
     load_array,
-    load_backward,
-    load_bundle,
     load_mask,
     load_partials,
-    load_qkv,
     load_scores,
     parse_pair,
     parse_text,
