@@ -349,3 +349,34 @@ def test_features_no_kernel_combines_are_refused():
         attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, mask=np.ones((10, 12), bool))
     with pytest.raises(InputError, match="traced query 9 is outside sequence 0's 3 queries"):
         attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, trace_at=(0, 0, 9))
+
+
+# ---------------------------------------------------------------------------------------------
+# osm trace --softcap --sink
+
+
+def test_trace_with_a_sink_and_a_softcap(runner, strict_json):
+    """Scores [2, 4, 1, 3] and a sink of 1: l = e⁻² + 1 + e⁻³ + e⁻¹ + e⁻³ (the sink's
+    exp(1 − 4)), so LSE = ln(Σ eˢ + e¹); the probabilities sum to 1.5530018 / 1.6027889."""
+    from osm_cli.cli import app
+    from osm_cli.reports.trace import trace_report
+
+    rep = trace_report(np.array([2.0, 4.0, 1.0, 3.0]), 2, sink=1.0)
+    assert rep.trace.l == pytest.approx(1.5530017928 + math.exp(-3))
+    assert rep.trace.lse == pytest.approx(math.log(sum(math.exp(x) for x in (2, 4, 1, 3, 1))))
+    assert rep.sink_steps[0].l_prev == pytest.approx(1.5530017928)
+    assert float(rep.max_diff[0]) < 1e-15
+    result = runner.invoke(app, ["trace", "--values", "2,4,1,3", "--sink", "1", "--json"])
+    doc = strict_json(result.stdout)
+    assert sum(doc["probabilities"]) == pytest.approx(1.5530017928 / 1.6027888611)
+    assert doc["sink"]["l"] == pytest.approx(1.6027888611)
+    text = runner.invoke(app, ["trace", "--values", "2,4,1,3", "--sink", "1"]).stdout
+    assert "sink σ = 1: a score whose value is 0" in text
+    assert "probabilities sum to 0.96893723" in text
+    capped = trace_report(np.array([2.0, -np.inf, 10.0]), 2, softcap=3.0)
+    assert capped.scores.tolist() == pytest.approx([3 * math.tanh(2 / 3), -np.inf,
+                                                    3 * math.tanh(10 / 3)])
+    bad = runner.invoke(app, ["trace", "--values", "1,2", "--sink", "1", "--dtype", "bf16"])
+    assert bad.exit_code == 1 and "--softcap and --sink trace the float64 state" in bad.stderr
+    bad = runner.invoke(app, ["trace", "--values", "1,2", "--softcap", "0"])
+    assert bad.exit_code == 2

@@ -33,6 +33,7 @@ from .options import (
     JsonOpt,
     PrecisionOpt,
     SeedOpt,
+    SoftcapOpt,
     StepOpt,
     TileOrder,
     ValuesOpt,
@@ -71,6 +72,10 @@ def trace(
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
     input_dtype: InputDtypeOpt = None,
+    softcap: SoftcapOpt = None,
+    sink: Annotated[float | None, typer.Option(
+        "--sink", help="A sink logit: one more score, of value 0, in the denominator only "
+        "(gpt-oss, FA4's learnable_sink).")] = None,
 ):
     """Trace online softmax over a score vector, block by block.
 
@@ -82,6 +87,7 @@ def trace(
       osm trace samples/scores.txt --block 2
       osm trace --values "1,2,5,3" -b 2 --form merge
       osm trace samples/matrix.txt --row 1 --json
+      osm trace --values "1,2,5,3" --sink 4 --softcap 3
     """
     from osm_cli import io
     from osm_cli.present import csv as export
@@ -101,7 +107,8 @@ def trace(
     keep = None if show_all or plot or step else HEAD
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
-                       precision=precision and precision.value, keep=keep)
+                       precision=precision and precision.value, keep=keep,
+                       softcap=softcap, sink=sink)
     save((csv, lambda: export.trace_csv_chunks(rep), "step table, CSV"),
          (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:

@@ -197,6 +197,11 @@ def trace_doc(rep) -> dict:
                 "lse_forward_vs_tree": check.lse_tree,
             },
         )
+    if rep.softcap is not None:
+        doc["softcap"] = rep.softcap  # the steps and arrays are of the capped scores
+    if rep.sink is not None:
+        st = rep.sink_steps[0]
+        doc["sink"] = {"sink": rep.sink, **_state(st)}
     return doc
 
 

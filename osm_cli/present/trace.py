@@ -163,10 +163,23 @@ def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
 
 def trace_heads(rep, name: str) -> list:
     """What comes before osm trace's step tables (report.TraceReport): the header, and what a
-    lazy threshold does."""
+    lazy threshold and a softcap do."""
     n_rows, n = np.atleast_2d(rep.scores).shape
     heads = [trace_header(name, n_rows, n, rep.row, rep.block)]
+    if rep.softcap is not None:
+        c = f"{rep.softcap:g}"
+        heads.append(Text(f"softcap {c}: every score s became {c}·tanh(s/{c}) first; the "
+                          "tables show the capped scores"))
     return heads + ([lazy_note(rep.threshold)] if rep.threshold else [])
+
+
+def sink_line(st, sink: float) -> Text:
+    """The sink joining the denominator after the last block: a score σ of value 0."""
+    return Text.assemble(
+        "sink σ = ", num(sink, 8), ": a score whose value is 0, merged after the last block:\n",
+        "m = ", arrow(st.m_prev, st.m), ", α = ", num(st.alpha), ", l = l·α + exp(σ − m) = ",
+        arrow(st.l_prev, st.l), "\n(l now exceeds the scores' own Σ exp(s − m); the "
+        "probabilities sum to ", num(st.l_prev * st.alpha / st.l, 8), ")")
 
 
 def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
@@ -174,7 +187,8 @@ def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
     the references, every row, and the lazy and order checks asked for."""
     t, row = rep.trace, rep.row
     m, l, lse = (np.atleast_1d(a) for a in (t.m, t.l, t.lse))
-    parts: list = [final_line(m[row], l[row], lse[row])]
+    parts: list = [] if rep.sink is None else [sink_line(rep.sink_steps[0], rep.sink)]
+    parts.append(final_line(m[row], l[row], lse[row]))
     if rep.in_dtype:
         lt = rep.in_dtype[0]
         return Group(*parts, dtype_elements(rep.scores, lt, row, show_all, width),
