@@ -19,20 +19,24 @@ contract, checked in CI):
     core/       the state (m, l, O), the two update steps, the fold, references, merge
 
 Names are imported on first use (PEP 562 __getattr__), so `osm` does not pay at every start for
-modules a command may not need (precision/ and ml_dtypes). `attention` is the exception: it is
-also the name of a subpackage, and importing that subpackage would bind the module to the
-package's name in place of the function, unless the function is bound here after it.
+modules a command may not need (`osm --help` loads neither numpy nor rich). `attention` is also
+the name of a subpackage, whose first import binds the subpackage to the package's name in place
+of the function: the (light) subpackage is imported here, once, and that binding removed, so that
+`osm_cli.attention` is always the function, found on first use like the rest.
 """
 
 from importlib import import_module
 
-from .attention import attention
+from . import attention as _attention_package  # noqa: F401  (bound once, here; see above)
+
+del globals()["attention"]  # the subpackage's binding: the name is the function's
 
 # module -> the names it exports here
 _API = {
-    "attention.forward": ("Attention", "ScoreOptions", "Tiling", "Hooks"),
+    "attention.forward": ("attention", "Attention", "ScoreOptions", "Tiling", "Hooks"),
+    "attention.backward": ("Backward", "attention_backward"),
     "attention.split": ("split_kv",),
-    "core.record": ("Step",),
+    "core.record": ("GradStep", "Step"),
     "core.state": ("State", "combine", "initial_state", "merge_step", "rescale_step"),
     "core.fold": ("Trace", "online_softmax"),
     "core.reference": ("logsumexp", "naive_softmax", "stable_softmax"),
@@ -51,6 +55,7 @@ _API = {
 }
 _WHERE = {name: (module, name) for module, names in _API.items() for name in names}
 _WHERE["attention_reference"] = ("attention.reference", "reference")  # apart from core's
+_WHERE["attention_reference_backward"] = ("attention.reference", "reference_backward")
 _WHERE["TileStep"] = ("core.record", "Step")  # one record for blocks and tiles since 0.2
 
 
@@ -68,5 +73,5 @@ def __dir__():
     return sorted({*globals(), *__all__})
 
 
-__all__ = ["attention", *_WHERE]
+__all__ = [*_WHERE]
 __version__ = "0.2.0"

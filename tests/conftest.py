@@ -62,8 +62,11 @@ def samples() -> Path:
 
 @pytest.fixture(autouse=True)
 def _in_root(monkeypatch):
-    """Run from the repository root so samples/... paths resolve as in the README."""
+    """Run from the repository root so samples/... paths resolve as in the README, with no
+    COLUMNS from the shell that started pytest: piped output is then 100 columns wide, the
+    width the golden text is written at (a test sets COLUMNS itself to ask for another)."""
     monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture

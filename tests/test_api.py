@@ -20,7 +20,8 @@ def test_every_name_in_all_is_the_object_its_module_defines():
     assert len(osm_cli.__all__) == len(set(osm_cli.__all__))
     for name in osm_cli.__all__:
         value = getattr(osm_cli, name)
-        defined = {"attention_reference": "reference", "TileStep": "Step"}.get(name, name)
+        defined = {"attention_reference": "reference", "TileStep": "Step",
+                   "attention_reference_backward": "reference_backward"}.get(name, name)
         assert value is getattr(sys.modules[value.__module__], defined), name
     assert osm_cli.attention_reference.__module__ == "osm_cli.attention.reference"
     assert osm_cli.TileStep is osm_cli.Step  # one step record for blocks and tiles (0.2.0)
@@ -60,3 +61,25 @@ def test_names_load_on_first_use():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           check=True, timeout=60)
     assert proc.stdout.splitlines() == ["False False", "True True True osm_cli.precision.check"]
+
+
+def test_help_loads_neither_numpy_nor_rich():
+    """`osm --help` and every command's --help build the options from cli/ and the layers'
+    names.py alone (issue 13: --help within 0.3 s; benchmarks/bench_startup.py measures it): a
+    command imports numpy, rich and the layers below when it runs, in its body."""
+    code = (
+        "import sys\n"
+        "from osm_cli.cli import app\n"
+        "for args in (['--help'], *([c.name or c.callback.__name__, '--help']\n"
+        "             for c in app.registered_commands)):\n"
+        "    try:\n"
+        "        app(args, prog_name='osm')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'rich', 'ml_dtypes'})\n"
+        "sys.stderr.write(' '.join(heavy) or 'none')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)
+    assert proc.stderr == "none"
+    assert "Commands:" in proc.stdout and "--causal" in proc.stdout

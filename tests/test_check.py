@@ -231,3 +231,78 @@ def test_check_float64_error_on_an_all_zero_row_is_quiet():
     mask = np.array([[False] * 3, [True] * 3])
     rep = check(np.ones((2, 2)), q, k, v, "fp64", mask=mask)
     assert not rep.verdict.passed
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients (osm check --do --dq --dk --dv)
+
+
+def _flash_case(dtype="bfloat16", seed=5, shape=(1, 4, 160, 64), **opts):
+    """A faithful kernel: osm's flash model of FA2's forward and backward on random inputs."""
+    from osm_cli.precision.backward import flash_backward
+    from osm_cli.precision.dtypes import DTYPES, round_inputs
+    from osm_cli.precision.kernels import run_flash
+    from osm_cli.precision.model import model
+
+    rng = np.random.default_rng(seed)
+    m = model(dtype)
+    arrays = {n: rng.standard_normal(shape).astype(np.float32) for n in ("Q", "K", "V", "dO")}
+    (q, k, v, do), _ = round_inputs(arrays, DTYPES[dtype])
+    f = run_flash(m, q, k, v, trace_at=None, schedule="fa2", **opts)
+    b = flash_backward(m, q, k, v, do, f.out, f.lse, trace_at=None, **opts)
+    return dict(out=f.out, q=q, k=k, v=v, lse=f.lse, do=do, dq=b.dq, dk=b.dk, dv=b.dv)
+
+
+def _judge(c, dtype="bfloat16", **kw):
+    from osm_cli.precision.check import check
+
+    return check(c["out"], c["q"], c["k"], c["v"], dtype, lse=c["lse"], do=c["do"], dq=c["dq"],
+                 dk=c["dk"], dv=c["dv"], **kw)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_faithful_gradients_pass_and_planted_bugs_fail(dtype):
+    c = _flash_case(dtype, causal=True)
+    rep = _judge(c, dtype, causal=True)
+    assert rep.passed and [g.name for g in rep.grads] == ["dq", "dk", "dv"]
+    for g in rep.grads:
+        assert g.rule.err <= g.rule.bound and g.model_err == pytest.approx(g.err64)
+    dq5 = c["dq"].copy()
+    dq5[0, 1] *= 5  # one head's dQ five times too large
+    bad = _judge({**c, "dq": dq5}, dtype, causal=True)
+    assert not bad.passed and bad.worst_grad.name == "dq"
+    assert bad.worst_grad.heads[0].head == 1 and bad.worst_grad.heads[0].rows_over > 0
+    no_scale = _judge({**c, "dq": c["dq"] / 0.125}, dtype, causal=True)  # dQ without the scale
+    assert not no_scale.passed
+
+
+def test_gradients_need_do_and_the_right_shapes():
+    from osm_cli.errors import OsmError
+
+    c = _flash_case(shape=(1, 2, 16, 8))
+    with pytest.raises(OsmError, match="needs dO"):
+        _judge({**c, "do": None})
+    with pytest.raises(OsmError, match="dK has shape"):
+        _judge({**c, "dk": c["dk"][..., :4]})
+
+
+def test_check_cli_judges_gradients(runner, tmp_path, strict_json):
+    c = _flash_case(shape=(1, 2, 40, 16))
+    paths = {}
+    for name, arr in c.items():
+        paths[name] = tmp_path / f"{name}.npy"
+        np.save(paths[name], arr)
+    args = ["check", paths["out"], paths["q"], paths["k"], paths["v"], "--dtype", "bf16",
+            "--do", paths["do"], "--dq", paths["dq"], "--dk", paths["dk"], "--dv", paths["dv"]]
+    ok = runner.invoke(app, [*map(str, args), "--json"])
+    assert ok.exit_code == 0, ok.stderr
+    doc = strict_json(ok.stdout)
+    assert [g["gradient"] for g in doc["gradients"]] == ["dq", "dk", "dv"] and doc["passed"]
+    assert doc["gradients"][0]["rule"].startswith("max|dq - ref| <= 2*max|pt - ref| + 2*")
+    dv = c["dv"].copy()
+    dv[0, 0, :16] = 0  # one K/V tile's contribution lost: its dV rows zero
+    np.save(paths["dv"], dv)
+    bad = runner.invoke(app, list(map(str, args)))
+    assert bad.exit_code == 1
+    assert "FAIL: max|dV − ref|" in bad.stderr and "worst head 0 of batch 0" in bad.stderr
+    assert "worst 5 rows of dV (nearest its bound)" in bad.stdout

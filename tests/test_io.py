@@ -94,6 +94,21 @@ def test_parse_empty(text):
 # check_scores
 
 
+def test_check_scores_past_the_first_chunk():
+    """The check runs a chunk at a time: NaN and +inf are found in the last chunk, in a long
+    row and in a Fortran-ordered matrix, with the same message."""
+    from osm_cli.io.load import CHECK_CHUNK
+
+    v = np.zeros(CHECK_CHUNK + 5)
+    v[-1] = np.nan
+    assert _err(check_scores, v, "v") == (
+        f"v: NaN at index {CHECK_CHUNK + 4}; softmax of NaN is undefined")
+    m = np.asfortranarray(np.zeros((3, CHECK_CHUNK // 2)))
+    m[2, 0] = np.inf
+    assert _err(check_scores, m, "m").startswith("m: +inf at index (2, 0)")
+    assert check_scores(np.array([-np.inf, 1.0]), "ok").tolist() == [-np.inf, 1.0]
+
+
 def test_check_scores_nan_index_vector_and_matrix():
     assert _err(check_scores, np.array([1.0, 2.0, np.nan]), "v") == (
         "v: NaN at index 2; softmax of NaN is undefined"

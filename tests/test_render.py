@@ -163,13 +163,13 @@ def test_header_and_final_line(text):
 OVERFLOW = golden("""
 exp(x) in each dtype (x = 100, 102, 99)
 
-                               exp overflows     exp underflows
- dtype      largest finite             above              below    exp(100)    exp(102)     exp(99)
- ──────────────────────────────────────────────────────────────────────────────────────────────────
- float16          6.55e+04           11.0899           -17.3287         inf         inf         inf
- bfloat16         3.39e+38           88.7189           -92.8817         inf         inf         inf
- float32         3.403e+38           88.7228           -103.972         inf         inf         inf
- float64        1.798e+308           709.783           -745.133   2.688e+43   1.986e+44   9.889e+42
+                             exp overflows   exp underflows
+ dtype      largest finite           above            below    exp(100)    exp(102)     exp(99)
+ ──────────────────────────────────────────────────────────────────────────────────────────────
+ float16          6.55e+04         11.0899         -17.3287         inf         inf         inf
+ bfloat16         3.39e+38         88.7189         -92.8817         inf         inf         inf
+ float32         3.403e+38         88.7228         -103.972         inf         inf         inf
+ float64        1.798e+308         709.783         -745.133   2.688e+43   1.986e+44   9.889e+42
 
 Naive softmax computes exp(x) first, and exp overflows to inf for x in float16 above 11.09, bfloat16
 above 88.72, float32 above 88.72: exp(102) does not fit, so the sum is inf and inf / inf = nan.
@@ -317,5 +317,9 @@ def test_arrow_and_values():
     assert arrow(-math.inf, 4.0).plain == "-inf → 4"
     assert arrow(math.nan, math.nan).plain == "nan"
     assert values(np.array([2.0, 4.0])).plain == "[2, 4]"
-    assert values(np.array([1.0, 2.0, 3.0, 4.0, 5.0])).plain == "[1, 2, 3, …2]"
+    assert values(np.array([1.0, 2.0, 3.0, 4.0, 5.0])).plain == "[1, 2, 3, …]"
+    # as many as fit in a width (at least one), never a value cut short
+    assert values(np.array([1.25, -2.5, 3.75, 4.0]), width=15).plain == "[1.25, -2.5, …]"
+    assert values(np.array([1.25, -2.5, 3.75, 4.0]), width=14).plain == "[1.25, …]"
+    assert values(np.array([5.268e4, -1.748e4]), 4, width=5).plain == "[5.268e+04, …]"
     assert values(np.array([-np.inf, 1.5])).plain == "[-inf, 1.5]"

@@ -1,7 +1,18 @@
 """Attention on Q, K, V tensors: options (options.py), shapes and the GQA map (shapes.py),
 masks and the one place scores are made (masks.py), the tiled forward (forward.py), the
-one-shot reference (reference.py) and split-KV (split.py). Builds on core/ only."""
+one-shot reference (reference.py) and split-KV (split.py). Builds on core/ only.
 
-from .forward import attention
+`attention` (forward.py's) is loaded on first use, so that names.py, the choices the command
+line declares at start-up, can be imported without numpy.
+"""
+
+
+def __getattr__(name: str):
+    if name == "attention":
+        from .forward import attention
+
+        return attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["attention"]

@@ -24,7 +24,7 @@ import numpy as np
 from osm_cli.core.record import Step
 from osm_cli.core.state import State, finalize, moved
 
-from .plan import Counts, Plan, q_rows, row_step, tiles
+from .plan import Counts, Plan, q_rows, row_step, sink_step, tiles
 
 STACK_ROWS = 2048  # query rows a fused step aims for; S is then 1 MiB of float32 (in L2)
 
@@ -86,7 +86,7 @@ def q_groups(plan: Plan) -> list[tuple[int, ...]]:
     """
     b, hk, g = plan.groups
     size = 1
-    if plan.user_mask is None:
+    if plan.user_mask is None and plan.slopes is None:  # ALiBi's bias depends on the rows
         size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
     whole = [i0 for i0 in plan.q_starts if i0 + plan.bq <= plan.t]
     short = [(i0,) for i0 in plan.q_starts if i0 + plan.bq > plan.t]
@@ -126,7 +126,11 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
             steps.append(row_step(bounds, st.block_max[at], st.m[at], st.m_new[at],
                                   st.alpha[at], l_prev, st.l[at], st.o[at]))
         np.copyto(st.m[c], st.m_new[c])
-    lse, o = finalize(State(st.m, st.l, st.o))
+    final = State(st.m, st.l, st.o)
+    if plan.sinks is not None:
+        final, step = sink_step(plan, final, n, at)
+        steps += step
+    lse, o = finalize(final)
     for c, i0 in enumerate(group):
         out5[..., i0:i0 + n, :] = o[c].reshape(b, hk, g, n, out5.shape[-1])
         lse5[..., i0:i0 + n] = lse[c].reshape(b, hk, g, n)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -36,6 +36,7 @@ from osm_cli.core.state import (
     moved,
     rescale_step,
 )
+from osm_cli.errors import InputError
 
 from .fast import fused_q_tiles, q_groups
 from .masks import mask_about
@@ -47,7 +48,8 @@ from .options import (
     check_masked_lse,
     split_options,
 )
-from .plan import Counts, Plan, make_plan, q_rows, row_step, tiles
+from .packed import about, each_sequence, plan_packing, scatter_lse, scatter_rows, tile_pages
+from .plan import Counts, Plan, make_plan, q_rows, row_step, sink_step, tiles
 from .shapes import from_bhnd
 
 
@@ -78,6 +80,10 @@ class Attention:
     mask: str = "none"  # the user's mask in a few words (masks.mask_about)
     row_visits: int = 0  # (query row, K/V tile) pairs computed, per head (FA1 Prop. 4's count)
     one_shot: bool = False  # plain attention (precision naive): no tiles
+    batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
+    softcap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,
@@ -96,6 +102,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions
     """
     opts, tiling, hooks = split_options(options, opts, tiling, hooks)
     check_masked_lse(masked_lse)
+    if opts.packing.active:
+        return _packed(q, k, v, opts, tiling, hooks, masked_lse, trace_at)
     plan = make_plan(q, k, v, opts, tiling, hooks, trace_at)
     b, hk, g = plan.groups
     out5 = np.zeros((b, hk, g, plan.t, plan.v3.shape[-1]), dtype=plan.accum)
@@ -175,6 +183,9 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
     state = start = initial_state(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
     for bounds, before, up, state in fold(start, walk, step, **step_kw):  # noqa: B007
         count(bounds, before, up)
+    if plan.sinks is not None:
+        state, sink = sink_step(plan, state, n, at)
+        steps += sink
     lse, o = finalize(state)
     out5[..., i0:i0 + n, :] = o.reshape(b, hk, g, n, out5.shape[-1])
     lse5[..., i0:i0 + n] = lse.reshape(b, hk, g, n)
@@ -209,6 +220,46 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
         masked_lse, counts.computed, counts.skipped, counts.rescales,
         int(np.count_nonzero(empty)), tuple(trace), plan.traced, trace_out, tiles_total,
         mask_about(None if opts.mask is None else np.asarray(opts.mask)), counts.row_visits,
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+    )
+
+
+def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_lse: str,
+            trace_at) -> Attention:
+    """attention over a varlen or paged batch (packed.py): each sequence as its own dense
+    problem, bottom-right causal against its own keys; O stored like Q, the LSE as
+    FlashAttention returns it ((H, total_q), or (B, H, t) for batched Q); the traced row's
+    tiles name the pages their keys came from."""
+    if opts.mask is not None:
+        raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
+                         "takes both); use the sequences' lengths, causal or a window")
+    packed = plan_packing(q, k, v, opts.packing)
+
+    def run(seq, qb, kb, vb, tr):
+        return attention(qb, kb, vb, opts=opts.for_sequence(seq.index), tiling=tiling,
+                         hooks=hooks, masked_lse=masked_lse, trace_at=tr)
+
+    parts = each_sequence(packed, run, q, k, v, trace_at=trace_at)
+    first = parts[0] if parts else None
+    dv = np.shape(v)[-1]
+    dtype = first.out.dtype if first is not None else np.float32
+    out = scatter_rows(packed, [p.out for p in parts], dtype, dv)
+    lse = scatter_lse(packed, [p.lse for p in parts], dtype)
+    traced = None if trace_at is None else parts[trace_at[0]]
+    trace = () if traced is None else tuple(
+        replace(st, pages=tile_pages(packed.seqs[trace_at[0]], st.start, st.stop))
+        for st in traced.trace)
+    total = {name: sum(getattr(p, name) for p in parts) for name in (
+        "tiles_computed", "tiles_skipped", "rescales", "masked_rows", "tiles_total",
+        "row_visits")}
+    return Attention(
+        out, lse, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)), tuple(np.shape(k)),
+        tuple(np.shape(v)), first.block_q if first else 0, first.block_k if first else 0,
+        opts.causal, "bottom-right", opts.window, masked_lse, total["tiles_computed"],
+        total["tiles_skipped"], total["rescales"], total["masked_rows"], trace,
+        trace_at or (0, 0, 0), None if traced is None else traced.trace_out,
+        total["tiles_total"], "none", total["row_visits"], batch=about(packed),
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
     )
 
 

@@ -78,17 +78,57 @@ def _sci(ln_x: float) -> str:
 
 def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None,
                mask: np.ndarray | None = None, to: Callable | None = None, *,
-               out: np.ndarray | None = None) -> np.ndarray:
-    """S = (Q·scale)·Kᵀ for one tile of rows (qs from scale_q, kT = Kᵀ), then the masks:
-    visible (True = seen) from the band, mask the user's. `to` rounds S and a float mask.
+               out: np.ndarray | None = None, softcap: float | None = None,
+               bias: np.ndarray | None = None, dtanh: bool = False):
+    """S = (Q·scale)·Kᵀ for one tile of rows (qs from scale_q, kT = Kᵀ), then the kernels'
+    order (FA2's): softcap·tanh(S / softcap), the ALiBi bias added, the masks: visible (True =
+    seen) from the band, mask the user's (docs/numerics.md#softcap, #alibi, #masks). `to`
+    rounds each op's result (plain same-dtype attention).
 
     out, if given, is where S is written and masked in place (the fused forward reuses one
     buffer); the same numbers as without it, so a float mask must not widen S's dtype there.
+    dtanh=True returns (S, 1 − tanh²) for the backward's chain rule through the softcap
+    (None without one).
     """
     if out is not None and to is None:
-        return apply_masks(np.matmul(qs, kT, out=out), visible, mask, inplace=True)
-    s = qs @ kT if to is None else to(qs @ kT)
-    return apply_masks(s, visible, mask, to)
+        s = np.matmul(qs, kT, out=out)
+    else:
+        s = qs @ kT if to is None else to(qs @ kT)
+    grad = None
+    if softcap is not None:
+        s, grad = _softcap(s, softcap, to, inplace=out is not None and to is None)
+    if bias is not None:
+        if out is not None and to is None and np.result_type(s, bias) == s.dtype:
+            np.add(s, bias, out=s)
+        else:
+            s = s + bias if to is None else to(s + to(bias))
+    s = apply_masks(s, visible, mask, to, inplace=out is not None and to is None)
+    return (s, grad) if dtanh else s
+
+
+def _softcap(s: np.ndarray, cap: float, to, inplace: bool):
+    """cap·tanh(s / cap) and its derivative's factor 1 − tanh², in s's dtype."""
+    c = s.dtype.type(cap)
+    if to is not None:
+        t = to(np.tanh(to(s / c)))
+        return to(t * c), 1 - t * t
+    if inplace:
+        np.tanh(np.divide(s, c, out=s), out=s)
+        grad = 1 - s * s
+        return np.multiply(s, c, out=s), grad
+    t = np.tanh(s / c)
+    return t * c, 1 - t * t
+
+
+def alibi_bias(slopes: np.ndarray, rows: np.ndarray, j0: int, j1: int, offset: int,
+               dtype) -> np.ndarray:
+    """ALiBi's bias −slope·|i + offset − j| (FA2's definition; offset = s − t, bottom-right)
+    for the query positions `rows` (R,) and keys j0:j1; slopes (…, R), one per row of the
+    stack; (…, R, j1 − j0) in `dtype`.
+    Example: alibi_bias(np.array([0.5]), np.array([0]), 0, 3, 2, np.float64) -> [[-1, -0.5, -0]]
+    """
+    dist = np.abs(np.asarray(rows)[:, None] + offset - np.arange(j0, j1)[None, :]).astype(dtype)
+    return -(np.asarray(slopes, dtype=dtype)[..., None] * dist)
 
 
 def apply_masks(sc: np.ndarray, visible=None, mask=None, to=None, *,
@@ -214,6 +254,7 @@ def check_mask(mask) -> np.ndarray | None:
 
 
 __all__ = [
-    "Band", "apply_masks", "check_mask", "make_band", "mask_about", "scale_q", "score_tile",
+    "Band", "alibi_bias", "apply_masks", "check_mask", "make_band", "mask_about", "scale_q",
+    "score_tile",
     "tile_kind",
 ]

@@ -23,12 +23,11 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from osm_cli.core.state import FORMS
+from osm_cli.core.names import FORMS
 from osm_cli.errors import InputError
 
-MASKED_LSE = {"neg-inf": -np.inf, "pos-inf": np.inf, "zero": 0.0}  # docs/numerics.md#masked-rows
-ALIGNS = ("bottom-right", "top-left")  # docs/numerics.md#causal-alignment
-LAYOUTS = ("bhnd", "bnhd")  # docs/numerics.md#layouts
+from .names import ALIGNS, LAYOUTS, MASKED_LSE
+from .packed import Packing
 
 
 def default_scale(d: int) -> float:
@@ -44,7 +43,9 @@ def default_blocks(d: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ScoreOptions:
-    """How scores are made and masked (docs/numerics.md#scale, #causal-alignment, #masks)."""
+    """How scores are made and masked (docs/numerics.md#scale, #causal-alignment, #masks), with
+    the kernels' score modifiers (#softcap, #alibi, #sinks) and batch layouts (#varlen,
+    #paged-kv), under the kernels' own argument names."""
 
     causal: bool = False
     scale: float | None = None  # None: 1/sqrt(d)
@@ -52,13 +53,67 @@ class ScoreOptions:
     causal_align: str = "bottom-right"
     window: tuple | None = None  # (left, right); a negative side is unbounded
     mask: np.ndarray | None = None  # bool True = attend, or float added to the scores
+    softcap: float | None = None  # C: a scaled score s becomes C·tanh(s / C), before the masks
+    alibi_slopes: np.ndarray | None = None  # (H,) or (B, H): −slope·|i + s − t − j| is added
+    sinks: np.ndarray | None = None  # (H,): one logit per query head, in the denominator only
+    cu_seqlens_q: np.ndarray | None = None  # varlen: packed Q, sequence b at cu[b]:cu[b + 1]
+    cu_seqlens_k: np.ndarray | None = None  # varlen: packed K/V
+    seqused_k: np.ndarray | None = None  # the keys each sequence uses (a paged cache's length)
+    page_table: np.ndarray | None = None  # paged K/V: (B, max_pages) page indices
+    kv_layout: str = "nhd"  # a paged cache: nhd (num_pages, page_size, Hkv, d) or hnd
 
     def __post_init__(self):
         if self.scale is not None and not math.isfinite(self.scale):
             raise InputError(f"the scale must be a finite number, not {self.scale}")
+        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
+            raise InputError(f"softcap must be a positive finite number, not {self.softcap}")
+        for name, ndims in (("alibi_slopes", (1, 2)), ("sinks", (1,))):
+            x = getattr(self, name)
+            if x is None:
+                continue
+            x = np.asarray(x)
+            if x.dtype.kind not in "fiu" or x.ndim not in ndims:
+                shapes = "(H,) or (B, H)" if name == "alibi_slopes" else "(H,), one per head"
+                raise InputError(f"{name} must be real numbers of shape {shapes}; got dtype "
+                                 f"{x.dtype}, shape {tuple(x.shape)}")
+            if not np.isfinite(x).all():
+                raise InputError(f"{name} must be finite; it holds "
+                                 f"{x[~np.isfinite(x)].flat[0]}")
 
     def scale_for(self, d: int) -> float:
         return default_scale(d) if self.scale is None else self.scale
+
+    def for_sequence(self, b: int) -> ScoreOptions:
+        """The options of sequence b of a packed or paged batch, run as a dense (1, H, n, d)
+        problem: no packing, layout bhnd, its row of (B, H) ALiBi slopes."""
+        slopes = self.alibi_slopes
+        if slopes is not None and np.ndim(slopes) == 2:
+            slopes = np.asarray(slopes)[b]
+        return replace(self, layout="bhnd", alibi_slopes=slopes, cu_seqlens_q=None,
+                       cu_seqlens_k=None, seqused_k=None, page_table=None)
+
+    @property
+    def packing(self):
+        """The batch layout as packed.Packing (its `active` is False for a dense batch)."""
+        return Packing(self.cu_seqlens_q, self.cu_seqlens_k, self.seqused_k, self.page_table,
+                       self.kv_layout)
+
+
+def alibi_auto(heads: int) -> np.ndarray:
+    """ALiBi's standard slopes for `heads` heads, float32 (Press et al., "Train Short, Test
+    Long"): 2^(−8i/n) for i = 1..n with n = heads a power of 2; otherwise those of the largest
+    power of 2 below, then every other slope of twice that. Example: alibi_auto(4) -> [0.25,
+    0.0625, 0.015625, 0.00390625]"""
+    def power_of_2(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+
+    if heads < 1:
+        raise InputError(f"ALiBi needs at least one head, not {heads}")
+    n = 1 << (heads.bit_length() - 1)
+    slopes = power_of_2(n)
+    if n < heads:
+        slopes += power_of_2(2 * n)[0::2][: heads - n]
+    return np.asarray(slopes, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -72,6 +127,8 @@ class Tiling:
     threshold: float = 0.0  # lazy-rescale τ, natural log (docs/numerics.md#lazy-rescale)
     keys: tuple[int, int] | None = None  # run over these keys only (one split of split-KV)
     fused: bool = True  # fast.py's in-place loop (same bits); False: core.state's step as written
+    reverse: bool = False  # visit the K/V tiles last to first (FA2's and FA4's kernels), after
+    # any order; per sequence of a packed batch
 
     def blocks(self, d: int) -> tuple[int, int]:
         """(block_q, block_k), the defaults filled in, checked positive."""
@@ -85,10 +142,13 @@ class Tiling:
 
 @dataclass(frozen=True)
 class Hooks:
-    """What a precision model changes in the forward (precision/model.py)."""
+    """What a precision model changes in the forward and backward (precision/model.py)."""
 
     accum: object = None  # the state's dtype; None: float64 for float64 inputs, else float32
-    p_round: Callable | None = None  # rounds P before P·V
+    p_round: Callable | None = None  # rounds P before P·V (backward: before Pᵀ·dO)
+    ds_round: Callable | None = None  # backward: rounds dS before dS·K and dSᵀ·Q
+    head_round: Callable | None = None  # backward, GQA: rounds each query head's dK and dV
+    # before the group's sum (FA2 writes them per head, then sums)
 
 
 _RECORDS = (ScoreOptions, Tiling, Hooks)
@@ -128,6 +188,6 @@ def check_masked_lse(masked_lse: str) -> None:
 
 
 __all__ = [
-    "ALIGNS", "LAYOUTS", "MASKED_LSE", "Hooks", "ScoreOptions", "Tiling", "default_blocks",
-    "default_scale", "layout_of", "split_options",
+    "ALIGNS", "LAYOUTS", "MASKED_LSE", "Hooks", "ScoreOptions", "Tiling", "alibi_auto",
+    "default_blocks", "default_scale", "layout_of", "split_options",
 ]

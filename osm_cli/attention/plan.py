@@ -22,9 +22,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from osm_cli.core.record import Step
-from osm_cli.errors import InputError
+from osm_cli.core.state import State, with_sink
+from osm_cli.errors import InputError, ShapeError
 
-from .masks import Band, check_mask, check_score_range, make_band, scale_q, score_tile, tile_kind
+from .masks import (
+    Band,
+    alibi_bias,
+    check_mask,
+    check_score_range,
+    make_band,
+    scale_q,
+    score_tile,
+    tile_kind,
+)
 from .options import Hooks, ScoreOptions, Tiling
 from .shapes import bhnd_inputs, broadcast_mask, check_finite, check_traced, kv_head
 
@@ -68,6 +78,26 @@ class Plan:
     scale: float
     traced: tuple  # (batch, head, query) or (-1, -1, -1)
     at_row: tuple  # the traced row as (batch, kv head, query head within its group)
+    softcap: float | None = None  # scores become softcap·tanh(S / softcap)
+    slopes: np.ndarray | None = None  # ALiBi: (B·Hkv, g), one slope per query head
+    sinks: np.ndarray | None = None  # (B·Hkv, g): each query head's sink logit
+    offset: int = 0  # s − t: where query i's diagonal meets the keys (ALiBi's distance)
+
+    def bias(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
+             g1: int | None = None) -> np.ndarray | None:
+        """ALiBi's bias for the rows i0:i1 of every query head of kv groups g0:g1 (stacked as
+        the tiles are, g·n rows) and keys j0:j1; None without ALiBi."""
+        if self.slopes is None:
+            return None
+        g = self.q5.shape[2]
+        n = i1 - i0
+        rows = np.tile(np.arange(i0, i1), g)
+        per_row = np.repeat(self.slopes[g0:g1], n, axis=-1)  # (G', g·n)
+        return alibi_bias(per_row, rows, j0, j1, self.offset, self.accum)
+
+    def sink_rows(self, n: int, g0: int = 0, g1: int | None = None) -> np.ndarray | None:
+        """The sink of every row of a tile stack of n queries per head: (G', g·n)."""
+        return None if self.sinks is None else np.repeat(self.sinks[g0:g1], n, axis=-1)
 
     @property
     def groups(self) -> tuple[int, int, int]:
@@ -114,15 +144,33 @@ def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_a
         if sorted(int(i) for i in tiling.order) != list(range(len(starts))):
             raise InputError(f"order must be a permutation of the {len(starts)} K/V tiles")
         starts = [starts[int(i)] for i in tiling.order]
+    if tiling.reverse:
+        starts = starts[::-1]
     check_traced(trace_at, (b, hq, t))
     tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
+    slopes, sinks = (per_head(x, name, b, hq, hk, accum) for x, name in (
+        (opts.alibi_slopes, "alibi_slopes"), (opts.sinks, "sinks")))
     # One matmul per kv head: the g query heads that share it are stacked as rows of one tile
     # (G = B·Hkv batches of g·n rows), so BLAS sees a few large 3-D products, not many small ones.
     return Plan(
         q4.reshape(b, hk, g, t, d), k4.reshape(b * hk, s, d), v4.reshape(b * hk, s, dv), t,
         bq, bk, k0, k1, tuple(starts), band, user_mask, np.dtype(accum), opts.scale_for(d),
-        (tb, th, ti), (tb, kv_head(th, hq, hk), th % g),
+        (tb, th, ti), (tb, kv_head(th, hq, hk), th % g), opts.softcap, slopes, sinks, s - t,
     )
+
+
+def per_head(x, name: str, b: int, hq: int, hk: int, dtype) -> np.ndarray | None:
+    """ALiBi slopes ((H,) or (B, H)) or sinks ((H,)) as (B·Hkv, g), one per query head of
+    each kv group; a ShapeError when they do not fit Q's heads (docs/numerics.md#alibi)."""
+    if x is None:
+        return None
+    x = np.asarray(x, dtype=np.float64)
+    shapes = [(hq,)] + ([(b, hq)] if name == "alibi_slopes" else [])
+    if x.shape not in shapes:
+        want = " or ".join(str(sh) for sh in shapes)
+        raise ShapeError(f"{name} has shape {tuple(x.shape)}; Q has {hq} heads (batch {b}), "
+                         f"so it must be {want}")
+    return np.broadcast_to(x, (b, hq)).reshape(b * hk, hq // hk).astype(dtype)
 
 
 def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
@@ -174,16 +222,31 @@ def tiles(plan: Plan, group: tuple[int, ...], qt: np.ndarray,
             vis = np.stack([plan.band.visible(i0, i0 + n, j0, j1) for i0 in group[c0:c1]])
             vis = np.tile(vis, (1, g, 1))[:, None]
         kT = plan.k3[:, j0:j1, :].astype(plan.accum, copy=False).swapaxes(-1, -2)
-        s = score_tile(qt[c0:c1], kT, vis, um, out=None if out is None else out(j1 - j0)[c0:c1])
+        # ALiBi's bias depends on the rows: such runs stack no Q tiles (fast.q_groups)
+        bias = plan.bias(group[0], group[0] + n, j0, j1)
+        s = score_tile(qt[c0:c1], kT, vis, um, out=None if out is None else out(j1 - j0)[c0:c1],
+                       softcap=plan.softcap, bias=bias)
         yield bounds, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False), (c0, c1)
 
 
 def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,
-             masked: bool = False) -> Step:
+             masked: bool = False, sink: bool = False) -> Step:
     """The traced row's Step for one K/V tile, from its values (o: the row's O after it)."""
     o = np.asarray(o, dtype=np.float64)
     return Step(*bounds, float(block_max), float(m_prev), float(m), float(alpha), float(l_prev),
-                float(l), masked=masked, o=o[:O_SHOWN].copy(), o_norm=_norm(o))
+                float(l), masked=masked, o=o[:O_SHOWN].copy(), o_norm=_norm(o), sink=sink)
+
+
+def sink_step(plan: Plan, state: State, n: int, at: tuple | None) -> tuple[State, list[Step]]:
+    """The sinks joined to a Q tile's final state (core.state.with_sink), and the traced row's
+    Step for it (block -1: no keys; block_max is the sink) when the row is in this tile.
+    state's arrays are (…, B·Hkv, g·n): a stack of Q tiles shares the plan's sinks."""
+    sinks = plan.sink_rows(n)
+    new, alpha = with_sink(state, np.broadcast_to(sinks, state.m.shape))
+    if at is None:
+        return new, []
+    return new, [row_step((-1, 0, 0), sinks[at[-2:]], state.m[at], new.m[at], alpha[at],
+                          state.l[at], new.l[at], new.o[at], sink=True)]
 
 
 def _norm(x: np.ndarray) -> float:
@@ -197,4 +260,7 @@ def _norm(x: np.ndarray) -> float:
         return top * float(np.linalg.norm(x / top))  # beyond float64 itself: inf, shown so
 
 
-__all__ = ["O_SHOWN", "Counts", "Plan", "make_plan", "q_rows", "row_step", "tiles"]
+__all__ = [
+    "O_SHOWN", "Counts", "Plan", "make_plan", "per_head", "q_rows", "row_step", "sink_step",
+    "tiles",
+]

@@ -1,5 +1,5 @@
-"""The one-shot attention reference: softmax(scale·Q·Kᵀ + mask)·V and its LSE, and the errors
-of a run against it.
+"""The one-shot attention references: softmax(scale·Q·Kᵀ + mask)·V and its LSE, its gradients
+in closed form, and the errors of a run against them.
 
 Computed in float64 a chunk of query rows at a time (the full t × s matrix is never held),
 with the same score_tile, masks and GQA head map as the tiled forward. `_one_shot` is the
@@ -18,15 +18,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
 from osm_cli.core.reference import logsumexp, max_abs_diff, stable_softmax
 
 from .forward import Attention
-from .masks import check_score_range, make_band, scale_q, score_tile
+from .masks import alibi_bias, check_score_range, make_band, scale_q, score_tile
 from .options import MASKED_LSE, ScoreOptions, split_options
-from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_head
+from .packed import each_sequence, plan_packing, scatter_kv, scatter_lse, scatter_rows
+from .plan import per_head
+from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_head, like_bhnd
 
 
 def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None = None,
@@ -39,6 +42,14 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
     """
     if options or opts is None:
         opts = split_options(options, opts)[0]
+    if opts.packing.active:
+        packed = plan_packing(q, k, v, opts.packing)
+        parts = each_sequence(packed, lambda seq, qb, kb, vb, _: reference(
+            qb, kb, vb, opts.for_sequence(seq.index), rnd=rnd, carry=carry, fused=fused),
+            q, k, v)
+        dt = np.dtype(carry)
+        return (scatter_rows(packed, [o for o, _ in parts], dt, np.shape(v)[-1]),
+                scatter_lse(packed, [lse for _, lse in parts], dt))
     q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
     b, hq, t, d = q4.shape
     hk, s = k4.shape[1], k4.shape[2]
@@ -49,25 +60,67 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
     full_mask = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask),
                                                               (b, hq, t, s))
     visible = None if band is None else (lambda i0, i1: band.visible(i0, i1, 0, s))
-    if fused and rnd is None and np.dtype(carry) == np.float64:
+    mods = Mods.of(opts, b, hq, t, s)
+    if fused and rnd is None and np.dtype(carry) == np.float64 and not mods.active:
         out, lse = _one_shot_fused(q4, k4, v4, heads, opts.scale_for(d), visible, full_mask)
     else:
         out, lse = _one_shot(q4, k4[:, heads], v4[:, heads], opts.scale_for(d), visible,
-                             full_mask, rnd=rnd, carry=carry)
+                             full_mask, rnd=rnd, carry=carry, mods=mods)
     nd = np.asarray(q).ndim
     return from_bhnd(out, nd, opts.layout), from_bhnd(lse[..., None], nd, opts.layout)[..., 0]
 
 
+@dataclass(frozen=True)
+class Mods:
+    """The kernels' score modifiers for a one-shot computation over (B, H, t, s) scores."""
+
+    softcap: float | None = None
+    slopes: np.ndarray | None = None  # ALiBi, (B, H)
+    sinks: np.ndarray | None = None  # (B, H)
+    offset: int = 0  # s − t
+
+    @classmethod
+    def of(cls, opts: ScoreOptions, b: int, hq: int, t: int, s: int) -> Mods:
+        slopes, sinks = (None if x is None else per_head(x, name, b, hq, hq, np.float64)
+                         .reshape(b, hq) for x, name in ((opts.alibi_slopes, "alibi_slopes"),
+                                                          (opts.sinks, "sinks")))
+        return cls(opts.softcap, slopes, sinks, s - t)
+
+    @property
+    def active(self) -> bool:
+        return self.softcap is not None or self.slopes is not None or self.sinks is not None
+
+    def bias(self, i0: int, i1: int, s: int, dtype) -> np.ndarray | None:
+        """ALiBi's bias for queries i0:i1 and every key: (B, H, i1 − i0, s)."""
+        if self.slopes is None:
+            return None
+        rows = np.broadcast_to(self.slopes[..., None], (*self.slopes.shape, i1 - i0))
+        return alibi_bias(rows, np.arange(i0, i1), 0, s, self.offset, dtype)
+
+    def softmax(self, sc: np.ndarray, to) -> tuple[np.ndarray, np.ndarray]:
+        """(P, LSE) of a chunk's scores; a sink is one more column, of value 0, dropped from
+        P after the softmax (docs/numerics.md#sinks)."""
+        if self.sinks is None:
+            return stable_softmax(sc), logsumexp(sc)
+        col = np.broadcast_to(to(self.sinks)[..., None, None], (*sc.shape[:-1], 1))
+        ext = np.concatenate([sc, col.astype(sc.dtype)], axis=-1)
+        return stable_softmax(ext)[..., :-1], logsumexp(ext)
+
+
 def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: int | None = None,
-              *, rnd: Callable | None = None, carry=np.float64) -> tuple[np.ndarray, np.ndarray]:
+              *, rnd: Callable | None = None, carry=np.float64,
+              mods: Mods = Mods()) -> tuple[np.ndarray, np.ndarray]:
     """reference on (B, H, N, d) arrays whose K/V heads already match Q's (a broadcast view is
-    fine). visible(i0, i1) gives the (i1 - i0, s) band or None; mask is (B, H, t, s) or None."""
+    fine). visible(i0, i1) gives the (i1 - i0, s) band or None; mask is (B, H, t, s) or None;
+    mods the softcap, ALiBi and sinks."""
     carry = np.dtype(carry)
     to = rnd or (lambda x: np.asarray(x, dtype=carry))
     b, h, t, _ = q.shape
     s = k.shape[2]
     out = np.zeros((b, h, t, v.shape[-1]), dtype=carry)
     lse = np.full((b, h, t), -np.inf, dtype=carry)
+    if mods.sinks is not None:  # a row that sees no key has only its sink: LSE = sink
+        lse[...] = to(mods.sinks)[..., None]
     if s == 0:  # no keys at all: every row is fully masked
         return out, lse
     chunk = rows_per_chunk or _chunk_rows(b * h, s)
@@ -77,9 +130,10 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
         i1 = min(t, i0 + chunk)
         sc = score_tile(scale_q(q[..., i0:i1, :], scale, carry, to), kT,
                         None if visible is None else visible(i0, i1),
-                        None if mask is None else mask[..., i0:i1, :], to)
-        out[..., i0:i1, :] = to(to(stable_softmax(sc)) @ vc)
-        lse[..., i0:i1] = logsumexp(sc)
+                        None if mask is None else mask[..., i0:i1, :], to,
+                        softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry))
+        p, lse[..., i0:i1] = mods.softmax(sc, to)
+        out[..., i0:i1, :] = to(to(p) @ vc)
     return out, lse
 
 
@@ -148,6 +202,104 @@ def _softmax_rows(sc: np.ndarray) -> np.ndarray:
     return lse
 
 
+class Grads(tuple):
+    """(dq, dk, dv), unpacked as a tuple, with the sinks' gradient as .dsink (None without)."""
+
+    dsink: np.ndarray | None = None
+
+    def __new__(cls, dq, dk, dv, dsink=None):
+        self = super().__new__(cls, (dq, dk, dv))
+        self.dsink = dsink
+        return self
+
+
+def reference_backward(q, k, v, do, opts: ScoreOptions | None = None, *,
+                       rnd: Callable | None = None, carry=np.float64, **options) -> Grads:
+    """The float64 gradients (dq, dk, dv) of reference()'s output for the upstream gradient do,
+    in closed form, shaped like q, k, v (docs/numerics.md#backward); with sinks also dsink,
+    one per query head (docs/numerics.md#sinks).
+
+    A chunk of query rows at a time, as the forward reference: S and P = softmax(S) for the chunk,
+    O = P·V, D = rowsum(dO ∘ O), dP = dO·Vᵀ, dS = P ∘ (dP − D), times 1 − tanh² through a
+    softcap; then dQ = scale·dS·K for the chunk and dK += scale·dSᵀ·Q, dV += Pᵀ·dO, and
+    dsink −= Σ exp(sink − LSE)·D. GQA: each kv head's dK and dV sum its query heads'.
+    With rnd and carry each op is rounded instead, as autograd does through plain same-dtype
+    attention (precision/model.py's plain_backward): P·V, dO·Vᵀ, Pᵀ·dO, the softmax derivative
+    (whose D is then rowsum(dP ∘ P)), the softcap's chain, dS·K, dSᵀ·(Q·scale), the scale's
+    product and GQA's sum.
+    """
+    if options or opts is None:
+        opts = split_options(options, opts)[0]
+    if opts.packing.active:
+        return _packed_backward(q, k, v, do, opts, rnd, carry)
+    q4, k4, v4 = bhnd_inputs(q, k, v, opts.layout)
+    b, hq, t, d = q4.shape
+    hk, s, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    carry = np.dtype(carry)
+    to = rnd or (lambda x: np.asarray(x, dtype=carry))
+    do4 = to(like_bhnd(do, "dO", (b, hq, t, dv), opts.layout))
+    q_max, k_max = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K")))
+    check_finite(do4, "dO")
+    scale = opts.scale_for(d)
+    check_score_range(q4, k4, scale, carry, q_max, k_max)
+    heads = kv_head(np.arange(hq), hq, hk)
+    band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
+    mask = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask), (b, hq, t, s))
+    mods = Mods.of(opts, b, hq, t, s)
+    qs = scale_q(q4, scale, carry, rnd)
+    kh, vh = to(k4[:, heads]), to(v4[:, heads])
+    dq = np.zeros((b, hq, t, d), carry)
+    dk, dvh = np.zeros((b, hq, s, d), carry), np.zeros((b, hq, s, dv), carry)
+    dsink = np.zeros((b, hq), carry)
+    chunk = _chunk_rows(b * hq, s)
+    kT, vT = kh.swapaxes(-1, -2), vh.swapaxes(-1, -2)
+    for i0 in range(0, t if s else 0, chunk):
+        i1 = min(t, i0 + chunk)
+        sc, dtanh = score_tile(qs[..., i0:i1, :], kT,
+                               None if band is None else band.visible(i0, i1, 0, s),
+                               None if mask is None else mask[..., i0:i1, :], rnd,
+                               softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry),
+                               dtanh=True)
+        p, lse = mods.softmax(sc, to)
+        p = to(p)
+        g = do4[..., i0:i1, :]
+        dp = to(g @ vT)
+        # D: rowsum(dO ∘ O) in closed form; autograd's softmax derivative takes rowsum(dP ∘ P)
+        d_row = np.einsum("...d,...d->...", g, p @ vh) if rnd is None else (dp * p).sum(-1)
+        ds = to(p * (dp - d_row[..., None]))
+        if dtanh is not None:  # through C·tanh(x / C): dx = dS·(1 − tanh²)
+            c = carry.type(mods.softcap)
+            ds = ds * dtanh if rnd is None else to(to(to(ds * c) * dtanh) / c)
+        if mods.sinks is not None:
+            with np.errstate(under="ignore"):
+                dsink -= (np.exp(mods.sinks[..., None] - lse) * d_row).sum(-1)
+        dq[..., i0:i1, :] = to(to(ds @ kh) * carry.type(scale))
+        # dK = scale·dSᵀ·Q = dSᵀ·(Q·scale); the sum over chunks is one matmul's, rounded once
+        dk += ds.swapaxes(-1, -2) @ qs[..., i0:i1, :]
+        dvh += p.swapaxes(-1, -2) @ g
+    dk, dvh = to(dk), to(dvh)
+    group = (b, hk, hq // hk)
+    dk = to(dk.reshape(*group, s, d).sum(axis=2))
+    dvh = to(dvh.reshape(*group, s, dv).sum(axis=2))
+    lay = opts.layout
+    return Grads(from_bhnd(dq, np.ndim(q), lay), from_bhnd(dk, np.ndim(k), lay),
+                 from_bhnd(dvh, np.ndim(v), lay),
+                 None if mods.sinks is None else to(dsink.sum(axis=0)))
+
+
+def _packed_backward(q, k, v, do, opts: ScoreOptions, rnd, carry) -> Grads:
+    """reference_backward of a varlen or paged batch, one sequence at a time (packed.py)."""
+    packed = plan_packing(q, k, v, opts.packing)
+    parts = each_sequence(packed, lambda seq, qb, kb, vb, dob, _: reference_backward(
+        qb, kb, vb, dob, opts.for_sequence(seq.index), rnd=rnd, carry=carry), q, k, v, do)
+    dt = np.dtype(carry)
+    dk, dv = (scatter_kv(packed, [p[i] for p in parts], x).astype(dt)
+              for i, x in ((1, k), (2, v)))
+    dsink = None if opts.sinks is None else sum(p.dsink for p in parts)
+    return Grads(scatter_rows(packed, [p[0] for p in parts], dt, np.shape(q)[-1]), dk, dv,
+                 dsink)
+
+
 def errors(res: Attention, ref_out: np.ndarray, ref_lse: np.ndarray) -> dict:
     """Max abs and max relative (to max |ref|) error of O, max abs error of LSE.
 
@@ -163,4 +315,4 @@ def errors(res: Attention, ref_out: np.ndarray, ref_lse: np.ndarray) -> dict:
     }
 
 
-__all__ = ["errors", "reference"]
+__all__ = ["Grads", "Mods", "errors", "reference", "reference_backward"]

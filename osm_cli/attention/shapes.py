@@ -131,6 +131,41 @@ def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> float:
     return top
 
 
+def like_bhnd(x, name: str, shape: tuple, layout: str) -> np.ndarray:
+    """x (an output such as O or dO, or a gradient) viewed as (B, H, N, d), which must be
+    `shape`; a ShapeError naming x otherwise. Example: like_bhnd(do, "dO", (1, 2, 8, 4), "bhnd")
+    """
+    x = np.asarray(x)
+    try:
+        x4 = as_bhnd(x, layout, name)
+    except ShapeError:
+        x4 = None
+    if x4 is None or x4.shape != tuple(shape):
+        raise ShapeError(f"{name} has shape {tuple(x.shape)}; these Q, K, V need "
+                         f"{_shaped(shape, x.ndim if x4 is not None else 4, layout)}")
+    return x4
+
+
+def lse_bht(lse, name: str, bht: tuple, like_ndim: int, layout: str) -> np.ndarray:
+    """An LSE as (B, H, t): shaped like attention's own (Q's shape without d), or for bnhd
+    inputs also FlashAttention's (B, H, t); a ShapeError naming it otherwise."""
+    lse = np.asarray(lse)
+    own = _shaped((*bht, 1), like_ndim, layout)[:-1]
+    if lse.shape == own:
+        return as_bhnd(lse[..., None], layout, name)[..., 0]
+    if layout == "bnhd" and like_ndim == 4 and lse.shape == tuple(bht):
+        return lse
+    raise ShapeError(f"{name} has shape {tuple(lse.shape)}; these Q, K, V give an LSE of "
+                     f"shape {own}")
+
+
+def _shaped(bhnd: tuple, ndim: int, layout: str) -> tuple:
+    """A (B, H, N, d) shape as an array of ndim axes in `layout` shows it (from_bhnd's)."""
+    b, h, n, d = bhnd
+    full = (b, n, h, d) if layout == "bnhd" and ndim >= 3 else (b, h, n, d)
+    return full[4 - ndim:] if ndim < 4 else full
+
+
 def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:
     """The traced (batch, head, query) row of an output shaped like `attention`'s."""
     x4 = as_bhnd(x, layout, "output")
@@ -140,5 +175,5 @@ def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:
 
 __all__ = [
     "as_bhnd", "bhnd_inputs", "broadcast_mask", "check_finite", "check_inputs", "check_traced",
-    "from_bhnd", "kv_head", "row_of",
+    "from_bhnd", "kv_head", "like_bhnd", "lse_bht", "row_of",
 ]

@@ -2,9 +2,12 @@
 
 options.py declares the choices and shared options once; common.py holds what every command
 shares (consoles, "Error: …" lines and exit codes, output files, step mode, the progress bar);
-trace.py, attention.py and tools.py hold the commands. They are registered here in the order
-`osm --help` lists them. Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad
-option values (Typer).
+trace.py, attention.py, backward.py and tools.py hold the commands. They are registered here in
+the order `osm --help` lists them. A command module imports at its top only typer, the standard
+library, options.py and common.py; numpy, rich and the layers below are imported in the
+command's body, so that `osm --help` starts in a tenth of a second (tests/test_api.py checks it
+loads neither numpy nor rich; benchmarks/bench_startup.py times it). Exit codes: 0 success; 1
+bad input ("Error: …" on stderr); 2 bad option values (Typer).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import typer
 
 from . import attention as _attention
+from . import backward as _backward
 from . import tools as _tools
 from . import trace as _trace
 from .options import PLOT_LIMIT
@@ -26,6 +30,7 @@ app = typer.Typer(
 )
 app.command()(_trace.trace)
 app.command()(_attention.attention)
+app.command()(_backward.backward)
 # Negative scores are arguments here, not options: `osm overflow-demo -inf -1 2`.
 app.command("overflow-demo", context_settings={"ignore_unknown_options": True})(
     _trace.overflow_demo)

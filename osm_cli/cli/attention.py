@@ -1,5 +1,6 @@
 """osm attention and osm check: the tiled forward on real Q/K/V traced tile by tile, and a
-kernel's output judged by FlashAttention's test rule. Leaves out: computing
+kernel's output judged by FlashAttention's test rule. Each command imports the layers it uses
+when it runs (see common.py: `osm --help` loads no numpy). Leaves out: computing
 (reports/attention.py, precision/check.py) and the tables (present/attention.py,
 present/verdicts.py).
 """
@@ -12,21 +13,15 @@ from typing import Annotated
 
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import Tiling
 from osm_cli.errors import OsmError
-from osm_cli.present import attention as render
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
-from osm_cli.present import plot as plots
-from osm_cli.present.verdicts import check_report, fail_line
-from osm_cli.studies import tilemap
 
 from .common import (
     check_outputs,
     emit_json,
     err,
+    exports,
     guarded,
+    kernel_inputs,
     need_plot,
     out,
     present,
@@ -38,19 +33,26 @@ from .options import (
     PLOT_LIMIT,
     AccumOpt,
     Align,
+    BatchOpt,
     BlockQOpt,
     CausalAlignOpt,
     CausalOpt,
     CsvOpt,
     DtypeOpt,
+    GradRule,
+    HeadOpt,
+    InputDtypeOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
     MaskedLse,
     MaskOpt,
+    NoReferenceOpt,
     PrecisionOpt,
+    QueryOpt,
     ScaleOpt,
     SeedOpt,
+    ShowAllOpt,
     StepOpt,
     TileOrder,
     UpdateForm,
@@ -59,9 +61,12 @@ from .options import (
 
 
 @guarded
+@exports
+@kernel_inputs
 def attention(
     files: Annotated[
-        list[str], typer.Argument(help="Q K V as .npy files, or one .npz holding q, k, v.")
+        list[str], typer.Argument(help="Q K V as .npy/.safetensors files, or one .npz or "
+                                  ".safetensors holding q, k, v.")
     ],
     causal: CausalOpt = False,
     causal_align: CausalAlignOpt = Align.bottom_right,
@@ -80,17 +85,15 @@ def attention(
     form: Annotated[
         UpdateForm, typer.Option("--form", help="Update form of the online step.")
     ] = UpdateForm.rescale,
-    batch: Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")] = 0,
-    head: Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")] = 0,
-    query: Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")] = 0,
+    batch: BatchOpt = 0,
+    head: HeadOpt = 0,
+    query: QueryOpt = 0,
     out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
     lse_path: Annotated[
         str | None, typer.Option("--lse", help="Write LSE (natural log) to this .npy.")
     ] = None,
-    no_reference: Annotated[
-        bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
-    ] = False,
-    show_all: Annotated[bool, typer.Option("--all", help="Show every tile and component.")] = False,
+    no_reference: NoReferenceOpt = False,
+    show_all: ShowAllOpt = False,
     splits: Annotated[
         int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
                                  "each to (O, LSE), merge, compare with the unsplit run.")
@@ -106,6 +109,7 @@ def attention(
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
     accum: AccumOpt = None,
+    input_dtype: InputDtypeOpt = None,
     csv: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw the traced head's probability matrix (the "
@@ -113,12 +117,14 @@ def attention(
         "pip install 'osm-cli[plot]').")] = None,
     step: StepOpt = False,
     as_json: JsonOpt = False,
+    inputs=None,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
 
     Shapes (N, d), (H, N, d) or (B, H, N, d); Q's length may differ from K/V's; GQA when Q has a
     multiple of K/V's heads. Prints a summary against a float64 one-shot reference and the trace
-    of one query row.
+    of one query row. bfloat16 or float8 inputs (from .safetensors, or --input-dtype) run as
+    --dtype in their own dtype unless --dtype says otherwise.
 
     \b
     Examples:
@@ -127,13 +133,21 @@ def attention(
       osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
       osm attention q.npy k.npy v.npy --dtype bf16
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli import io
+    from osm_cli.attention.options import Tiling
+    from osm_cli.precision.dtypes import shared_narrow
     from osm_cli.precision.model import prepare
+    from osm_cli.present import attention as render
+    from osm_cli.present import json as documents
     from osm_cli.reports.attention import attention_report
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
-    q, k, v = io.load_qkv(files)
-    opts = score_options(causal, causal_align, window, mask, scale, layout)
+    q, k, v = io.load_qkv(files, input_dtype)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, q)
+    if opts.packing.active and (plot or step):
+        raise OsmError("--plot and --step draw one dense head; a varlen or paged batch runs "
+                       "its sequences one by one (its trace is in the table, --csv, --json)")
+    dtype = dtype or shared_narrow(q, k, v)  # bfloat16 or float8 inputs: that kernel's model
     lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
                                          accum and accum.value, q, k, v)
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
@@ -146,7 +160,7 @@ def attention(
         rep = attention_report(
             q, k, v, opts, tiling, model=lab, notes=notes, splits=splits, order=order.value,
             seed=seed, with_reference=not no_reference, progress=tick,
-            masked_lse=masked_lse.value, trace_at=(batch, head, query))
+            masked_lse=masked_lse.value, trace_at=inputs.traced(batch, head, query))
     res = rep.result
     save((out_path, rep.stored_out, None), (lse_path, res.lse, None),
          *attention_files(csv, plot, res, q, k, opts, files))
@@ -159,14 +173,21 @@ def attention(
         out.print(render.attention_results(rep, show_all))
 
 
+def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options)
+    return Annotated[str | None, typer.Option(flag, help=f"The kernel's {what} (.npy), to judge.")]
+
+
 @guarded
+@kernel_inputs
 def check(
-    out_file: Annotated[str, typer.Argument(
-        help="The kernel's output O as .npy, shaped like Q but with V's head dim.")],
     files: Annotated[list[str], typer.Argument(
-        help="The kernel's inputs: Q K V as .npy files, or one .npz (q, k, v).")],
+        help="BUNDLE: one .npz or .safetensors holding out, q, k, v (and any of lse, do, dq, dk, "
+        "dv); or OUT Q K V (OUT shaped like Q with V's head dim); or OUT and one file holding "
+        "q, k, v. Tensor files are .npy, .npz or .safetensors.",
+        metavar="BUNDLE | OUT Q K V | OUT QKV", show_default=False)],
     lse: Annotated[str | None, typer.Option(
-        "--lse", help="The kernel's LSE (natural log) as .npy, to judge too.")] = None,
+        "--lse", help="The kernel's LSE (natural log) as a tensor file, to judge too (a BUNDLE "
+        "holds its own).")] = None,
     dtype: DtypeOpt = None,
     causal: CausalOpt = False,
     causal_align: CausalAlignOpt = Align.bottom_right,
@@ -174,48 +195,105 @@ def check(
     mask: MaskOpt = None,
     scale: ScaleOpt = None,
     layout: LayoutOpt = Layout.bhnd,
+    do: Annotated[str | None, typer.Option(
+        "--do", help="The upstream gradient dO (.npy) the kernel's gradients were computed "
+        "for.")] = None,
+    dq: JudgedOpt("--dq", "dQ") = None,
+    dk: JudgedOpt("--dk", "dK") = None,
+    dv: JudgedOpt("--dv", "dV") = None,
+    grad_rule: Annotated[GradRule, typer.Option(
+        "--grad-rule", help="The gradients' rule: fa3 (FA3/FA4's tests: 2·plain error + "
+        "2·rounding) or fa2 (FA2's tests: 3·plain error).")] = GradRule.fa3,
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
+    inputs=None,
 ):
     """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
 
     ref = the float64 reference of the dtype-rounded inputs, cast to the dtype; pt = plain
     attention in the dtype. Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3)
     − ref|. Exit 0: pass. Exit 1: fail ("FAIL: …" on stderr) or bad input ("Error: …").
-    --dtype defaults to OUT's own dtype.
+    --dtype defaults to OUT's own dtype. With --do and any of --dq, --dk, --dv, each gradient
+    is judged too, against the float64 gradients, by FlashAttention's backward rule.
 
     \b
     Examples:
+      osm check samples/kernel_fp16.npz --causal
+      osm check kernel.safetensors --causal
       osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
       osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
+      osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
+    from osm_cli.present import json as documents
+    from osm_cli.present.verdicts import check_report, fail_line
 
-    o = io.load_array(Path(out_file), mmap=False)
-    io.check_real(o, out_file)
-    q, k, v = io.load_qkv(files)
-    lse_arr = None if lse is None else io.load_array(Path(lse), mmap=False)
-    if lse_arr is not None:
-        io.check_real(lse_arr, lse)
-    dt = dtype or output_dtype(o, out_file)
-    opts = score_options(causal, causal_align, window, mask, scale, layout)
-    rep = judge(o, q, k, v, dt, lse=lse_arr, top=top, with_model=not no_model, opts=opts)
+    t = kernel_tensors(files, lse, input_dtype,
+                       {"do": do, "dq": dq, "dk": dk, "dv": dv})
+    o, name = t.pop("out"), t.pop("name")
+    dt = dtype or output_dtype(o, name)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, t["q"])
+    if len(files) == 1:  # a bundle's own varlen, paged, sink and ALiBi arrays, unless given
+        from dataclasses import replace
+
+        held = io.bundle_inputs(files[0])
+        opts = replace(opts, **{n: x for n, x in held.items() if getattr(opts, n) is None})
+    rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
+                opts=opts, grad_rule=grad_rule.value, **t)
     if as_json:
         emit_json(documents.check_doc(rep))
     else:
-        out.print(check_report(rep, out_file, top))
-    if not rep.verdict.passed:
+        out.print(check_report(rep, name, top))
+    if not rep.passed:
         err.print(f"FAIL: {fail_line(rep)}", markup=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def kernel_tensors(files: list[str], lse: str | None, input_dtype: str | None,
+                   grad_files: dict[str, str | None]) -> dict:
+    """check's tensors by name (out, q, k, v, and lse, do, dq, dk, dv where given) from BUNDLE,
+    OUT Q K V or OUT QKV and the --lse, --do, --dq, --dk, --dv files, each checked to be real
+    numbers; "name" is what the report calls OUT."""
+    from osm_cli import io
+
+    if len(files) == 1:
+        if not io.is_bundle(Path(files[0])) and Path(files[0]).is_file():
+            raise OsmError(f"{files[0]}: one array; check takes BUNDLE (one .npz or "
+                           ".safetensors holding out, q, k, v), OUT Q K V or OUT QKV")
+        t = dict(io.load_bundle(files[0], input_dtype, need=("out", "q", "k", "v")))
+        name = f"{files[0]}: out"
+    elif len(files) in (2, 4):
+        o = io.load_array(Path(files[0]), mmap=False, raw_as=input_dtype)
+        t, name = {"out": o}, files[0]
+        t["q"], t["k"], t["v"] = io.load_qkv(files[1:], input_dtype)
+    else:
+        raise OsmError(f"check takes BUNDLE, OUT Q K V or OUT QKV; got {len(files)} files")
+    where = {"out": name, **{k: f"{files[0]}: {k}" for k in t if k != "out"}}
+    for key, path in {"lse": lse, **grad_files}.items():
+        if path is None:
+            continue
+        if key in t:
+            raise OsmError(f"{files[0]} holds its own {key}; --{key} gives another: give one")
+        t[key] = io.load_array(Path(path), mmap=False, raw_as=input_dtype)
+        where[key] = path
+    for key in ("out", "lse", "do", "dq", "dk", "dv"):
+        if key in t:
+            io.check_real(t[key], where[key])
+    return {**t, "name": name}
 
 
 def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:
     """attention --csv and --plot as save() items: the traced row's tile table and the traced
     head's picture (drawn here, before anything is written)."""
+    from osm_cli.present import csv as export
+    from osm_cli.present import plot as plots
+    from osm_cli.studies import tilemap
+
     b, h, i = res.traced
     items = []
     if csv is not None:

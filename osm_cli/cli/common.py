@@ -1,45 +1,161 @@
 """What the commands share: the consoles, attention's ScoreOptions from the shared options,
 errors turned into "Error: …" and exit codes, output files, step mode and the progress bar.
 
+Nothing heavy is imported here at start-up (numpy, rich, the layers below): `osm --help` builds
+every command's options from this module and options.py alone, so each helper, and each command
+in its body, imports what it needs when it runs.
 Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
 Leaves out: the commands themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import queue
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import typer
 
-from osm_cli import io
-from osm_cli.attention.options import ScoreOptions
 from osm_cli.errors import OsmError
-from osm_cli.present import plot as plots
-from osm_cli.present import stepmode
-from osm_cli.present.attention import progress_bar
-from osm_cli.present.console import consoles
-from osm_cli.present.json import write_json
 
-out, err = consoles()
+
+class Screen:
+    """The stdout (or stderr) console of the command running now, made when it first prints, so
+    that it sees that run's terminal, COLUMNS and streams (a test's runner swaps them); every
+    command starts with a fresh one (`guarded`). Attribute access goes to the rich Console."""
+
+    def __init__(self, stderr: bool = False):
+        self.stderr = stderr
+        self.record = False
+        self._console = None
+
+    def reset(self, record: bool = False) -> None:
+        self._console, self.record = None, record
+
+    def get(self):
+        """The rich Console itself (for what checks its type, such as a progress bar)."""
+        if self._console is None:
+            from osm_cli.present.console import console
+
+            self._console = console(stderr=self.stderr, record=self.record)
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self.get(), name)
+
+
+out, err = Screen(), Screen(stderr=True)
 
 
 def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
-                  scale: float | None, layout) -> ScoreOptions:
+                  scale: float | None, layout, inputs: KernelInputs | None = None, q=None):
     """attention's ScoreOptions from the shared options, built once per command; a scale of 0 or
-    below is legal, and said to be unusual on stderr."""
+    below is legal, and said to be unusual on stderr. inputs (from @kernel_inputs) adds the
+    kernels' softcap, ALiBi, sinks, varlen and paged KV, their files read here; q (Q as
+    loaded) tells --alibi auto how many heads there are."""
+    from osm_cli import io
+    from osm_cli.attention.options import ScoreOptions
+
     if scale is not None and scale <= 0:
         what = ("makes every score 0: each row averages V over the keys it sees" if scale == 0
                 else "is negative: each row favours the keys least like its query")
         err.print(f"note: --scale {scale:g} {what}", markup=False, soft_wrap=True)
     win = None if window is None else io.parse_pair(window, "--window")
+    extra = {} if inputs is None else inputs.resolve(q, layout.value)
     return ScoreOptions(causal=causal, scale=scale, layout=layout.value,
                         causal_align=causal_align.value, window=win,
-                        mask=None if mask is None else io.load_mask(mask))
+                        mask=None if mask is None else io.load_mask(mask), **extra)
+
+
+@dataclass(frozen=True)
+class KernelInputs:
+    """The kernels' inputs as the command line gave them (files not yet read)."""
+
+    softcap: float | None = None
+    alibi: str | None = None
+    sinks: str | None = None
+    cu_seqlens_q: str | None = None
+    cu_seqlens_k: str | None = None
+    seqused_k: str | None = None
+    page_table: str | None = None
+    kv_layout: str = "nhd"
+    seq: int | None = None
+
+    @property
+    def packed(self) -> bool:
+        return any(x is not None for x in (self.cu_seqlens_q, self.cu_seqlens_k,
+                                           self.seqused_k, self.page_table))
+
+    def traced(self, batch: int, head: int, query: int) -> tuple[int, int, int]:
+        """The traced row: --seq (for a packed batch) in place of --batch."""
+        return (batch if self.seq is None else self.seq, head, query)
+
+    def resolve(self, q, layout: str) -> dict:
+        """ScoreOptions' keywords: the files read and checked, --alibi auto's slopes made."""
+        import numpy as np
+
+        from osm_cli import io
+        from osm_cli.attention.options import alibi_auto
+
+        def load(path, name, ints=False):
+            arr = io.load_array(Path(path), mmap=False)
+            io.check_real(arr, path)
+            if ints and arr.dtype.kind not in "iu":
+                raise OsmError(f"{path}: {name} must hold integers; it has dtype {arr.dtype}")
+            return arr
+
+        got = {"softcap": self.softcap, "kv_layout": self.kv_layout}
+        for name in ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table"):
+            path = getattr(self, name)
+            if path is not None:
+                got[name] = load(path, "--" + name.replace("_", "-"), ints=True)
+        if self.sinks is not None:
+            got["sinks"] = load(self.sinks, "--sinks")
+        if self.alibi == "auto":
+            shape = np.shape(q)
+            heads = shape[-2] if self.packed or layout == "bnhd" or len(shape) < 3 else (
+                shape[-3])
+            got["alibi_slopes"] = alibi_auto(1 if len(shape) < 3 else heads)
+        elif self.alibi is not None:
+            got["alibi_slopes"] = load(self.alibi, "--alibi")
+        return got
+
+
+def kernel_inputs(fn):
+    """Give a command the kernels' own inputs (--softcap, --alibi, --sinks, --cu-seqlens-q,
+    --cu-seqlens-k, --seqused-k, --page-table, --kv-layout, --seq), passed to it as one
+    KernelInputs keyword `inputs`. One line above its definition (under @guarded)."""
+    import inspect
+
+    from . import options as o
+
+    names = {"softcap": o.SoftcapOpt, "alibi": o.AlibiOpt, "sinks": o.SinksOpt,
+             "cu_seqlens_q": o.CuSeqlensQOpt, "cu_seqlens_k": o.CuSeqlensKOpt,
+             "seqused_k": o.SequsedKOpt, "page_table": o.PageTableOpt,
+             "kv_layout": o.KvLayoutOpt, "seq": o.SeqOpt}
+    sig = inspect.signature(fn, eval_str=True)
+    kept = [p for n, p in sig.parameters.items() if n != "inputs"]
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a,
+                               default=o.KvLayout.nhd if n == "kv_layout" else None)
+             for n, a in names.items()]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        given = {n: kwargs.pop(n, None) for n in names}
+        layout = given["kv_layout"]
+        given["kv_layout"] = "nhd" if layout is None else getattr(layout, "value", layout)
+        return fn(*args, inputs=KernelInputs(**given), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=[*kept, *extra])
+    wrapper.__annotations__ = {**{k: v for k, v in fn.__annotations__.items() if k != "inputs"},
+                               **names}
+    return wrapper
 
 
 def fail(message: str, code: int = 1):
@@ -53,6 +169,8 @@ def guarded(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        out.reset()
+        err.reset()
         try:
             return fn(*args, **kwargs)
         except OsmError as exc:
@@ -70,22 +188,100 @@ def guarded(fn):
 
 
 def emit_json(obj) -> None:
-    """A --json document on stdout, written as it is computed when it is long."""
-    write_json(obj, sys.stdout.write)
-    sys.stdout.write("\n")
+    """A --json document on stdout, written as it is computed when it is long (as bytes, to
+    the text stream's buffer where it has one, by a thread behind the one making it)."""
+    from osm_cli.present.stream import write_json
+
+    sys.stdout.flush()
+    binary = getattr(sys.stdout, "buffer", None)
+    raw = binary.write if binary is not None else (lambda b: sys.stdout.write(bytes(b).decode()))
+    behind = Behind(raw)
+    try:
+        write_json(obj, behind.write)
+        behind.write(b"\n")
+    except BaseException:
+        behind.abandon()  # an error or Ctrl-C: do not wait for a reader that may never read
+        raise
+    behind.close()
+    if binary is not None:
+        binary.flush()
+
+
+class Behind:
+    """write(bytes) done by a thread behind the caller: the kernel's copy of a long document
+    into a file overlaps the making of the next piece. Small writes are gathered into one, large
+    ones made WRITE bytes at a time (on the machine benchmarks/bench_memory.py ran on, Linux
+    6.18 and ext4, the kernel took 0.4-0.5 s to copy 1.6 GB into a file 64 or 128 KiB a write,
+    1-3 s 1 MiB a write and 1.5-5 s 4 MiB a write); at most `depth` pieces wait; a failure to
+    write is raised in the caller, at its next write or at close()."""
+
+    SMALL = 1 << 16
+    WRITE = 1 << 17
+
+    def __init__(self, write, depth: int = 4):
+        self._write, self._small = write, bytearray()
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (piece := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    whole = memoryview(piece)
+                    for at in range(0, len(whole), self.WRITE):
+                        self._write(whole[at:at + self.WRITE])
+                except BaseException as exc:  # raised again in the caller
+                    self._error = exc
+
+    def write(self, piece) -> None:
+        if self._error is not None:
+            raise self._error
+        if len(piece) < self.SMALL:
+            self._small += piece
+            if len(self._small) < self.SMALL:
+                return
+            piece, self._small = bytes(self._small), bytearray()
+        elif self._small:
+            self._queue.put(bytes(self._small))
+            self._small = bytearray()
+        self._queue.put(piece)
+
+    def abandon(self) -> None:
+        """Stop without waiting: what is queued is dropped (the thread is a daemon)."""
+        self._error = self._error or RuntimeError("abandoned")
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+
+    def close(self) -> None:
+        if self._small:
+            self._queue.put(bytes(self._small))
+            self._small = bytearray()
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def need_plot(plot) -> None:
     """--plot asks for matplotlib: say so before any work is done."""
     if plot is not None:
+        from osm_cli.present import plot as plots
+
         plots.require_matplotlib()
 
 
 def check_outputs(**paths: Path | str | None) -> None:
     """Before any work: every output option's file can be written, and no two are one file.
     Keywords are the options' names without dashes (out=…, lse=…); None is not asked for."""
+    from osm_cli import io
+
     names = [f"--{name.replace('_', '-')}" for name in paths]
     io.check_destinations([None if p is None else Path(p) for p in paths.values()], names)
+
+
+_held: list | None = None  # while a command's screen is recorded (exports): its files, unwritten
 
 
 def save(*items: tuple[Path | str | None, object, str | None]) -> None:
@@ -93,14 +289,69 @@ def save(*items: tuple[Path | str | None, object, str | None]) -> None:
     data, what it holds), data text, bytes or an array for .npy, or a function that makes it
     (called only when the path is given). Then say so on stderr, one line a file whatever the
     width (scripts read the path back): "wrote o.npy (3, 2)" for an array, else the `what`; a
-    what of None writes the file without a line."""
+    what of None writes the file without a line. While the screen is recorded for --svg or
+    --html (`exports`), the files wait to be written with the pictures, all together."""
+    import numpy as np
+
+    from osm_cli import io
+
     items = tuple((Path(p), data() if callable(data) else data, what)
                   for p, data, what in items if p is not None)
+    if _held is not None:
+        _held.extend(items)
+        return
     io.write_all([(path, data) for path, data, _ in items])
     for path, data, what in items:
         if what is not None:
             about = str(tuple(data.shape)) if isinstance(data, np.ndarray) else f"({what})"
             err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
+
+
+def exports(fn):
+    """Give a command --svg FILE and --html FILE: what it prints, exported through rich's
+    recording console (export_svg / export_html), for slides and notes. A command takes them
+    with this one line above its definition (under @guarded).
+
+    The screen is recorded and held back; when the command has printed, the pictures and the
+    command's other output files (its save() calls) are written together, all or none, and
+    then the screen is shown. A command's `as_json` and `step`, where it has them, refuse the
+    export: JSON is no screen, and step mode shows one page at a time.
+    """
+    import inspect
+
+    from .options import HtmlOpt, SvgOpt
+
+    sig = inspect.signature(fn, eval_str=True)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+             for name, a in (("svg", SvgOpt), ("html", HtmlOpt))]
+
+    @functools.wraps(fn)
+    def wrapper(*args, svg: Path | None = None, html: Path | None = None, **kwargs):
+        global _held
+        if svg is None and html is None:
+            return fn(*args, **kwargs)
+        for flag, name in (("--json", "as_json"), ("--step", "step")):
+            if kwargs.get(name):
+                raise OsmError(f"--svg and --html export the printed screen; {flag} does not "
+                               "combine with them")
+        check_outputs(svg=svg, html=html)
+        out.reset(record=True)
+        _held = []
+        try:
+            result = fn(*args, **kwargs)
+            files, _held = _held, None
+            title = f"osm {fn.__name__.replace('_', '-')}"
+            # HTML first: export_svg clears the recording
+            save(*files, (html, lambda: out.export_html(clear=False), "the screen, HTML"),
+                 (svg, lambda: out.export_svg(title=title), "the screen, SVG"))
+        finally:
+            _held = None
+        out.file.release()
+        return result
+
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    wrapper.__annotations__ = {**fn.__annotations__, "svg": SvgOpt, "html": HtmlOpt}
+    return wrapper
 
 
 def present(step: bool, heads: list, pages: list, tables: list) -> bool:
@@ -119,6 +370,8 @@ def present(step: bool, heads: list, pages: list, tables: list) -> bool:
 
 def step_interactive(step: bool) -> bool:
     """--step in a terminal; asked for elsewhere, say once that the whole table follows."""
+    from osm_cli.present import stepmode
+
     if step and stepmode.interactive(sys.stdin, sys.stdout):
         return True
     if step:
@@ -128,11 +381,15 @@ def step_interactive(step: bool) -> bool:
 
 
 def step_keys():
+    from osm_cli.present import stepmode
+
     return stepmode.buffered(getkey)
 
 
 def step_frames(frame, count: int, unit: str, getkey) -> bool:
     """Show frame(k) one key press at a time; False (and a note) when the user quit early."""
+    from osm_cli.present import stepmode
+
     shown = stepmode.step_through(out, frame, count, getkey)
     if shown < count:
         err.print(f"stopped at {unit} {shown} of {count}")
@@ -158,7 +415,9 @@ class progress:
 
         def tick(done, total):
             if self.bar is None and time.monotonic() - start > 1.0 and done < total:
-                self.bar = progress_bar(err)
+                from osm_cli.present.attention import progress_bar
+
+                self.bar = progress_bar(err.get())
                 self.bar.start()
                 self.task = self.bar.add_task("attention", total=total)
             if self.bar is not None:

@@ -1,7 +1,9 @@
 """The command line's choices and shared options, each declared once.
 
 Choices are enums made from the lower layers' own tuples (a new update form or layout there is a
-new choice here); options that several commands share are Annotated types used by each.
+new choice here), taken from their names.py modules, which load no numpy: `osm --help` builds
+every option from this module. Options that several commands share are Annotated types used by
+each.
 Leaves out: the commands (trace.py, attention.py, tools.py).
 """
 
@@ -14,13 +16,12 @@ from typing import Annotated
 
 import typer
 
-from osm_cli.attention.options import ALIGNS, LAYOUTS, MASKED_LSE
-from osm_cli.core.merge import LSE_BASES
-from osm_cli.core.state import FORMS
+from osm_cli.attention.names import ALIGNS, KV_LAYOUTS, LAYOUTS, MASKED_LSE
+from osm_cli.core.names import FORMS, LSE_BASES
 from osm_cli.errors import OsmError
-from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, PRECISIONS, canonical
+from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, GRAD_RULES, PRECISIONS, canonical
 from osm_cli.studies import costmodel
-from osm_cli.studies.order import ORDERS
+from osm_cli.studies.names import ORDERS
 
 
 def _choices(name: str, values) -> type[Enum]:
@@ -42,6 +43,7 @@ TileOrder = _choices("TileOrder", ORDERS)
 PrecisionModel = _choices("PrecisionModel", PRECISIONS)
 AccumDtype = _choices("AccumDtype", ACCUMS)
 LseBase = _choices("LseBase", LSE_BASES)
+GradRule = _choices("GradRule", GRAD_RULES)
 
 
 def dtype_name(value):
@@ -120,6 +122,10 @@ LayoutOpt = Annotated[
 ]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", callback=dtype_name, help=f"Round inputs to this dtype: {DTYPES_HELP}.")]
+InputDtypeOpt = Annotated[str | None, typer.Option(
+    "--input-dtype", callback=dtype_name, metavar="D",
+    help="Read raw 2- or 1-byte values in .npy/.npz files (|V2, |V1: how ml_dtypes saves "
+    "bfloat16 and float8) as this dtype: bf16, fp16, e4m3, e5m2.")]
 PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
     "--precision", help="With --dtype: flash (a FlashAttention kernel: fp32 state, P rounded "
     "before P·V; the default) or naive (everything in the dtype).")]
@@ -129,6 +135,13 @@ AccumOpt = Annotated[AccumDtype | None, typer.Option(
 CsvOpt = csv_option("the step table")
 SweepCsvOpt = csv_option("the sweep table")
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")]
+# common.exports gives a command these two (trace, attention; backward with one line)
+SvgOpt = Annotated[Path | None, typer.Option(
+    "--svg", metavar="FILE.svg", help="Also write what is printed to FILE as SVG (a picture "
+    "of the terminal, for slides).")]
+HtmlOpt = Annotated[Path | None, typer.Option(
+    "--html", metavar="FILE.html", help="Also write what is printed to FILE as HTML, colours "
+    "kept.")]
 StepOpt = Annotated[bool, typer.Option(
     "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
     "space: next, q: quit).")]
@@ -141,3 +154,47 @@ BlockQOpt = Annotated[
 ValuesOpt = Annotated[
     str | None, typer.Option("--values", help='Scores inline, e.g. "1,2,5,3".')
 ]
+# The traced row of attention and backward.
+BatchOpt = Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")]
+HeadOpt = Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")]
+QueryOpt = Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")]
+NoReferenceOpt = Annotated[
+    bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
+]
+ShowAllOpt = Annotated[bool, typer.Option("--all", help="Show every tile and component.")]
+
+
+def positive_softcap(value: float | None) -> float | None:
+    """--softcap: a positive finite number (FlashAttention's softcap; 0 means none there)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"softcap must be a positive finite number, not {value}")
+    return value
+
+
+# The kernels' own inputs (issue: what real kernels take), added to a command by
+# common.kernel_inputs; their names are the kernels' argument names.
+KvLayout = _choices("KvLayout", KV_LAYOUTS)
+SoftcapOpt = Annotated[float | None, typer.Option(
+    "--softcap", callback=positive_softcap, help="Logit softcap C: a scaled score s becomes "
+    "C·tanh(s/C), before ALiBi and the masks (Gemma 2: 50).")]
+AlibiOpt = Annotated[str | None, typer.Option(
+    "--alibi", metavar="SLOPES.npy|auto", help="ALiBi: −slope·|i + s − t − j| added to the "
+    "scaled scores; slopes (H,) or (B, H), or auto for the standard geometric ones.")]
+SinksOpt = Annotated[str | None, typer.Option(
+    "--sinks", metavar="SINKS.npy", help="Attention sinks: one logit per query head (H,), in "
+    "the softmax's denominator only.")]
+CuSeqlensQOpt = Annotated[str | None, typer.Option(
+    "--cu-seqlens-q", metavar="F.npy", help="varlen: Q packed (total_q, H, d); sequence b is "
+    "rows cu[b]:cu[b+1] (int, length B + 1, from 0).")]
+CuSeqlensKOpt = Annotated[str | None, typer.Option(
+    "--cu-seqlens-k", metavar="F.npy", help="varlen: K/V packed (total_k, Hkv, d).")]
+SequsedKOpt = Annotated[str | None, typer.Option(
+    "--seqused-k", metavar="F.npy", help="Keys each sequence uses (B,): a paged cache's length.")]
+PageTableOpt = Annotated[str | None, typer.Option(
+    "--page-table", metavar="F.npy", help="Paged KV: (B, max_pages) page indices into K/V "
+    "caches (num_pages, page_size, Hkv, d); needs --seqused-k.")]
+KvLayoutOpt = Annotated[KvLayout, typer.Option(
+    "--kv-layout", help="A paged cache's layout: nhd (FlashAttention) or hnd (FlashInfer).")]
+SeqOpt = Annotated[int | None, typer.Option(
+    "--seq", min=0, help="varlen or paged: the sequence of the traced row (--query counts "
+    "within it).")]

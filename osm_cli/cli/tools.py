@@ -1,5 +1,6 @@
 """osm merge, osm sweep and osm cost: split-KV partials merged, block sizes swept against the
-FA1 cost model, and the cost model for one shape. Leaves out: computing (reports/merge.py,
+FA1 cost model, and the cost model for one shape. Each command imports the layers it uses when
+it runs (see common.py: `osm --help` loads no numpy). Leaves out: computing (reports/merge.py,
 studies/sweep.py, studies/costmodel.py) and the tables (present/tables.py).
 """
 
@@ -11,15 +12,7 @@ from typing import Annotated
 
 import typer
 
-from osm_cli import io
 from osm_cli.errors import OsmError
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
-from osm_cli.present import plot as plots
-from osm_cli.present import tables as render
-from osm_cli.reports.merge import merge_report
-from osm_cli.studies import costmodel
-from osm_cli.studies.sweep import sweep_attention, sweep_scores
 
 from .common import check_outputs, emit_json, guarded, need_plot, out, save, score_options
 from .options import (
@@ -28,6 +21,7 @@ from .options import (
     BlockQOpt,
     CausalAlignOpt,
     CausalOpt,
+    InputDtypeOpt,
     JsonOpt,
     Layout,
     LayoutOpt,
@@ -46,7 +40,7 @@ from .options import (
 def merge(
     files: Annotated[list[Path], typer.Argument(
         help="Pairs O_0 LSE_0 O_1 LSE_1 …: normalised partial outputs (…, dv) and their LSEs "
-        "(…), as .npy or one-array .npz files.", show_default=False,
+        "(…), as .npy, or one-array .npz or .safetensors files.", show_default=False,
         metavar="O_0 LSE_0 O_1 LSE_1 ...")],
     out_path: Annotated[Path | None, typer.Option(
         "--out", metavar="FILE.npy", help="Write the merged O here.")] = None,
@@ -58,6 +52,7 @@ def merge(
     ] = LseBase.e,
     row: Annotated[int, typer.Option(
         "--row", min=0, help="Row to show in detail (flat index over O's leading axes).")] = 0,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
     """Merge split-KV partial results (O_s, LSE_s) into one, as Flash-Decoding does.
@@ -71,22 +66,28 @@ def merge(
       osm merge o0.npy lse0.npy o1.npy lse1.npy --out o.npy --lse lse.npy
       osm merge o0.npy lse0.npy o1.npy lse1.npy --lse-base 2 --row 5
     """
+    from osm_cli import io
+    from osm_cli.present import json as documents
+    from osm_cli.present import tables as render
+    from osm_cli.reports.merge import merge_report
+
     check_outputs(out=out_path, lse=lse_path)
-    outs, lses, (out_dtype, lse_dtype) = io.load_partials(files)
+    outs, lses, (out_dtype, lse_dtype) = io.load_partials(files, input_dtype)
     rep = merge_report(outs, lses, lse_base.value, row)
     save((out_path, rep.merged.out.astype(out_dtype), ""),
          (lse_path, rep.merged.lse.astype(lse_dtype), ""))
     if as_json:
         return emit_json(documents.merge_doc(files, rep))
     names = [(str(o), str(lse)) for o, lse in zip(files[0::2], files[1::2], strict=True)]
-    out.print(render.merge_table(names, rep))
+    out.print(render.merge_table(names, rep, out.width))
 
 
 @guarded
 def sweep(
     files: Annotated[list[str] | None, typer.Argument(
-        help="Scores (text, .csv, .npy/.npz file, or '-' for standard input), or Q K V as three "
-        ".npy files or one .npz holding q, k, v.", metavar="SCORES | Q K V")] = None,
+        help="Scores (text, .csv, .npy/.npz/.safetensors file, or '-' for standard input), or Q "
+        "K V as three tensor files or one .npz or .safetensors holding q, k, v.",
+        metavar="SCORES | Q K V")] = None,
     values: ValuesOpt = None,
     blocks: Annotated[str, typer.Option(
         "--blocks", callback=block_list, help="Block sizes (keys per block; block_k for Q/K/V), "
@@ -114,6 +115,7 @@ def sweep(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
     csv: SweepCsvOpt = None,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
@@ -129,6 +131,13 @@ def sweep(
       osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
       osm sweep q.npy k.npy v.npy --blocks 16,32,64,128,256 --sram 192KiB --causal
     """
+    from osm_cli import io
+    from osm_cli.present import csv as export
+    from osm_cli.present import json as documents
+    from osm_cli.present import plot as plots
+    from osm_cli.present import tables as render
+    from osm_cli.studies.sweep import sweep_attention, sweep_scores
+
     files = files or []
     need_plot(plot)
     check_outputs(plot=plot, csv=csv)
@@ -137,7 +146,7 @@ def sweep(
                   or layout is not Layout.bhnd or causal_align is not Align.bottom_right)
     if qkv:
         opts = score_options(causal, causal_align, window, mask, scale, layout)
-        q, k, v = io.load_qkv(files)
+        q, k, v = io.load_qkv(files, input_dtype)
         res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
                               dtype_bytes=dtype_bytes, sram_bytes=sram, opts=opts)
         name = files[0] if len(files) == 1 else " ".join(files)
@@ -145,7 +154,7 @@ def sweep(
         about = render.attention_sweep_about(res, shapes, opts, accum.value)
         doc = documents.attention_sweep_doc(res, name, accum.value, shapes, opts)
     else:
-        s, name = io.load_scores(files[0] if files else None, values)
+        s, name = io.load_scores(files[0] if files else None, values, input_dtype)
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
         about, doc = None, documents.sweep_doc(res, name, accum.value)
@@ -154,7 +163,7 @@ def sweep(
          (csv, functools.partial(export.sweep_csv, res), "the sweep table, CSV"))
     if as_json:
         return emit_json(doc)
-    out.print(render.sweep_table(res, name, about))
+    out.print(render.sweep_table(res, name, about, out.width))
 
 
 @guarded
@@ -176,6 +185,10 @@ def cost(
     Example (GPT-2 medium, FA1 Fig. 2):
       osm cost -n 1024 -d 64 --heads 16 --batch 64
     """
+    from osm_cli.present import json as documents
+    from osm_cli.present import tables as render
+    from osm_cli.studies import costmodel
+
     c = costmodel.cost(seq_len, head_dim, heads, batch, dtype_bytes, sram)
     if as_json:
         return emit_json(documents.cost_doc(c))

@@ -1,5 +1,6 @@
 """osm trace and osm overflow-demo: a score vector folded block by block, and why naive softmax
-overflows. Leaves out: computing (reports/trace.py, studies/overflow.py) and the tables
+overflows. Each command imports the layers it uses when it runs (see common.py: `osm --help`
+loads no numpy). Leaves out: computing (reports/trace.py, studies/overflow.py) and the tables
 (present/trace.py, present/tables.py).
 """
 
@@ -9,28 +10,30 @@ import functools
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 
-from osm_cli import io
 from osm_cli.errors import OsmError
-from osm_cli.present import csv as export
-from osm_cli.present import json as documents
-from osm_cli.present import plot as plots
-from osm_cli.present import tables
-from osm_cli.present import trace as render
-from osm_cli.present.format import HEAD
-from osm_cli.reports.trace import trace_report
 
-from .common import check_outputs, emit_json, guarded, need_plot, out, present, save
+from .common import (
+    check_outputs,
+    emit_json,
+    exports,
+    guarded,
+    need_plot,
+    out,
+    present,
+    save,
+)
 from .options import (
     DTYPES_HELP,
     CsvOpt,
     DtypeOpt,
     Form,
+    InputDtypeOpt,
     JsonOpt,
     PrecisionOpt,
     SeedOpt,
+    SoftcapOpt,
     StepOpt,
     TileOrder,
     ValuesOpt,
@@ -39,10 +42,12 @@ from .options import (
 
 
 @guarded
+@exports
 def trace(
     scores: Annotated[
         str | None,
-        typer.Argument(help="Scores: text, .csv, .npy/.npz file, or '-' for standard input."),
+        typer.Argument(help="Scores: text, .csv, .npy/.npz/.safetensors file, or '-' for "
+                       "standard input."),
     ] = None,
     values: ValuesOpt = None,
     block: Annotated[int, typer.Option("--block", "-b", min=1, help="Scores per block.")] = 2,
@@ -66,6 +71,11 @@ def trace(
     step: StepOpt = False,
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
+    input_dtype: InputDtypeOpt = None,
+    softcap: SoftcapOpt = None,
+    sink: Annotated[float | None, typer.Option(
+        "--sink", help="A sink logit: one more score, of value 0, in the denominator only "
+        "(gpt-oss, FA4's learnable_sink).")] = None,
 ):
     """Trace online softmax over a score vector, block by block.
 
@@ -77,8 +87,17 @@ def trace(
       osm trace samples/scores.txt --block 2
       osm trace --values "1,2,5,3" -b 2 --form merge
       osm trace samples/matrix.txt --row 1 --json
+      osm trace --values "1,2,5,3" --sink 4 --softcap 3
     """
-    s, name = io.load_scores(scores, values)
+    from osm_cli import io
+    from osm_cli.present import csv as export
+    from osm_cli.present import json as documents
+    from osm_cli.present import plot as plots
+    from osm_cli.present import trace as render
+    from osm_cli.present.format import HEAD
+    from osm_cli.reports.trace import trace_report
+
+    s, name = io.load_scores(scores, values, input_dtype)
     trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
@@ -88,10 +107,9 @@ def trace(
     keep = None if show_all or plot or step else HEAD
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
-                       precision=precision and precision.value, keep=keep)
-    save((csv, lambda: export.steps_csv_chunks(
-              [(t.form, rep.iter_steps(i)) for i, t in enumerate(rep.traces)]),
-          "step table, CSV"),
+                       precision=precision and precision.value, keep=keep,
+                       softcap=softcap, sink=sink)
+    save((csv, lambda: export.trace_csv_chunks(rep), "step table, CSV"),
          (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:
         return emit_json(documents.trace_doc(rep))
@@ -125,7 +143,9 @@ def overflow_demo(
       osm overflow-demo -inf -1 2 --dtype fp16
       osm overflow-demo --dtype e4m3 --dtype e5m2
     """
-    # precision/ imports ml_dtypes (about 0.8 s): only the commands that need it pay for it
+    import numpy as np
+
+    from osm_cli.present import tables
     from osm_cli.studies.overflow import DEMO_DTYPES
     from osm_cli.studies.overflow import overflow_demo as demo
 
@@ -134,11 +154,13 @@ def overflow_demo(
         raise OsmError("values must be numbers or -inf (a masked score): softmax is undefined "
                        "for NaN and for +inf (inf / inf)")
     dtypes = tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES  # repeated: shown once
-    out.print(tables.overflow_report(demo(xs, dtypes)))
+    out.print(tables.overflow_report(demo(xs, dtypes), out.width))
 
 
 def trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:
     """trace's option checks, in this order: --row, --dtype's company, --rescale-threshold."""
+    import numpy as np
+
     n_rows = np.atleast_2d(s).shape[0]
     if row >= n_rows:
         raise OsmError(f"{name}: --row {row} is out of range; it has {n_rows} row(s)")

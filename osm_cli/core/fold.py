@@ -2,7 +2,10 @@
 
 `online_softmax` cuts each row into blocks of `block` scores, folds them into (m, l) with one
 of state.py's two update forms, in a given block order and with an optional lazy-rescale
-threshold, and records the traced row's steps. This is what `osm trace` shows.
+threshold, and records the traced row's steps. This is what `osm trace` shows. `Folding` is the
+loop itself, a step at a time; its `columns()` gives the steps a chunk at a time as columns,
+through fastfold.py's vectorized loop where that computes the same fold (the eager rescale form
+in forward order), else through this one.
 Leaves out: the update itself (state.py), tiles of attention (attention/), printing.
 
 Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 - 5)
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .record import Step
+from .fastfold import EagerFold, eligible
+from .record import Step, StepColumns
 from .state import (
     FORMS,
     State,
@@ -109,6 +113,54 @@ class Folding:
                     ("block_weight", up.block_weight))},
             )
 
+    def columns(self, batch: int = 4096) -> Iterator[StepColumns]:
+        """The traced row's steps as columns, a chunk at a time (StepColumns); then `state` and
+        `rescales` as after iterating. The eager rescale form in forward order runs
+        fastfold.EagerFold, the same fold bit for bit; every other runs this loop, `batch`
+        steps a chunk (the columns leave out each block's values)."""
+        if eligible(self.s2, self.form, self.order, self.step_kw.get("threshold", 0.0)):
+            run = EagerFold(self.s2, self.block, self.row)
+            yield from run
+            self.state, self.rescales = run.state, run.rescales
+            return
+        steps: list[Step] = []
+        for st in self:
+            steps.append(st)
+            if len(steps) == batch:
+                yield StepColumns.from_steps(steps)
+                steps = []
+        if steps:
+            yield StepColumns.from_steps(steps)
+
+    def records(self, cols: StepColumns) -> list[Step]:
+        """The Step records of `cols`, each with its block's values (as iterating makes them)."""
+        row = self.s2[self.row]
+        bounds = zip(cols.start.tolist(), cols.stop.tolist(), strict=True)
+        return [cols.step(i, np.array(row[a:b])) for i, (a, b) in enumerate(bounds)]
+
+
+def _ends(chunks: Iterable[StepColumns], keep: int | None):
+    """(head, tail, count) of a run's columns: all of them as head (keep None), or the first
+    `keep` steps and the last `keep` after them (None where there are none)."""
+    parts: list[StepColumns] = []
+    tail: deque[StepColumns] = deque()
+    count = held = 0
+    for cols in chunks:
+        if keep is None or count < keep:
+            cut = len(cols) if keep is None else min(len(cols), keep - count)
+            parts.append(cols.take(slice(0, cut)))
+            cols = cols.take(slice(cut, None))
+            count += cut
+        if len(cols):
+            tail.append(cols)
+            held += len(cols)
+            count += len(cols)
+            while len(tail) > 1 and held - len(tail[0]) >= keep:  # no longer among the last
+                held -= len(tail.popleft())
+    head = StepColumns.concat(parts) if parts else None
+    last = StepColumns.concat(list(tail)).take(slice(-keep, None)) if tail and keep else None
+    return head, last, count
+
 
 def online_softmax(
     scores: np.ndarray,
@@ -132,17 +184,8 @@ def online_softmax(
     Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 - 5)
     """
     run = Folding(scores, block, form, row=row, order=order, threshold=threshold)
-    if keep is None:
-        steps = tuple(run)
-        count = len(steps)
-    else:
-        head: list[Step] = []
-        tail: deque[Step] = deque(maxlen=keep)
-        count = 0
-        for st in run:
-            (head if count < keep else tail).append(st)
-            count += 1
-        steps = (*head, *tail)
+    head, tail, count = _ends(run.columns(), keep)
+    steps = tuple(st for part in (head, tail) if part is not None for st in run.records(part))
     state = run.state
     lse, _ = finalize(state)
     probs = probabilities(run.s2, state) if with_probabilities else None

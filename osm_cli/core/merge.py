@@ -26,9 +26,8 @@ import numpy as np
 from osm_cli.errors import InputError, ShapeError
 
 from .fold import block_bounds
+from .names import LSE_BASES
 from .state import State, block_state, combine, finalize, initial_state, probabilities
-
-LSE_BASES = ("e", "2")
 
 
 @dataclass(frozen=True)

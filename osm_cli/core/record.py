@@ -1,10 +1,12 @@
-"""The one step record: a block of scores, or an attention K/V tile, folded into the state.
+"""The step records: a block of scores or an attention K/V tile folded into the state (`Step`),
+the same fields for many blocks at once as columns of arrays (`StepColumns`), and a tile of the
+backward pass (`GradStep`).
 
 `osm trace` records one `Step` per block of the traced row, `osm attention` one per K/V tile
 of the traced query row; the tables, the JSON, the CSV and step mode all read these records.
 The fields are the state before and after the step (m_prev → m, l_prev → l), the rescale
-factor alpha = exp(m_prev − m) and what the step saw. The backward pass's tiles will be
-recorded with the same field names.
+factor alpha = exp(m_prev − m) and what the step saw. The backward pass's tiles share the
+field names where the idea is the same (block, start, stop, masked).
 
 Leaves out: computing the step (state.py), turning it into text (present/).
 
@@ -13,7 +15,8 @@ Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 -
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -50,6 +53,8 @@ class Step:
     block_weight: float | None = None
     o: np.ndarray | None = None
     o_norm: float | None = None
+    sink: bool = False  # not a tile: the sink joining the denominator (block_max is its logit)
+    pages: tuple | None = None  # paged KV: the physical pages the tile's keys came from
 
     @property
     def rescaled(self) -> bool:
@@ -64,4 +69,98 @@ class Step:
         return bool(kept(self.block_max, self.m_prev, self.m))
 
 
-__all__ = ["Step"]
+@dataclass(frozen=True)
+class StepColumns:
+    """Consecutive steps of a traced row as columns: entry i of each array is step i's field of
+    the same name in `Step` (a long trace's steps come a chunk of columns at a time, and the
+    JSON and CSV are written from them whole columns at once). block_m, block_l and
+    block_weight are None outside the merge form; `step(i)` makes the Step record itself.
+
+    Example: StepColumns.from_steps(trace.steps).step(1) == trace.steps[1] (but for values)
+    """
+
+    block: np.ndarray  # int64
+    start: np.ndarray  # int64
+    stop: np.ndarray  # int64
+    block_max: np.ndarray
+    m_prev: np.ndarray
+    m: np.ndarray
+    alpha: np.ndarray
+    l_prev: np.ndarray
+    l: np.ndarray
+    block_m: np.ndarray | None = None
+    block_l: np.ndarray | None = None
+    block_weight: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    @property
+    def rescaled(self) -> np.ndarray:
+        """Step.rescaled of every step (bool array)."""
+        return moved(self.m_prev, self.m)
+
+    @property
+    def lazy_skipped(self) -> np.ndarray:
+        """Step.lazy_skipped of every step (bool array)."""
+        return kept(self.block_max, self.m_prev, self.m)
+
+    def step(self, i: int, values: np.ndarray | None = None) -> Step:
+        """Step i as its record; values: the block's scores, as the trace records them."""
+        merge = {} if self.block_l is None else {
+            "block_m": float(self.block_m[i]), "block_l": float(self.block_l[i]),
+            "block_weight": float(self.block_weight[i])}
+        return Step(int(self.block[i]), int(self.start[i]), int(self.stop[i]),
+                    float(self.block_max[i]), float(self.m_prev[i]), float(self.m[i]),
+                    float(self.alpha[i]), float(self.l_prev[i]), float(self.l[i]),
+                    values=values, **merge)
+
+    def take(self, index) -> StepColumns:
+        """The steps at `index` (a slice or an index array), as columns."""
+        return StepColumns(*(None if x is None else x[index] for x in self._arrays()))
+
+    @classmethod
+    def from_steps(cls, steps: Sequence[Step]) -> StepColumns:
+        """Columns of Step records (of one form: all or none have block_l)."""
+        def col(name, dtype=np.float64):
+            return np.array([getattr(s, name) for s in steps], dtype=dtype)
+
+        merge = bool(steps) and steps[0].block_l is not None
+        return cls(*(col(n, np.int64) for n in ("block", "start", "stop")),
+                   *(col(n) for n in ("block_max", "m_prev", "m", "alpha", "l_prev", "l")),
+                   *((col(n) for n in ("block_m", "block_l", "block_weight")) if merge else ()))
+
+    @classmethod
+    def concat(cls, parts: Sequence[StepColumns]) -> StepColumns:
+        """The steps of `parts` one after the other (at least one part)."""
+        return cls(*(None if xs[0] is None else np.concatenate(xs)
+                     for xs in zip(*(p._arrays() for p in parts), strict=True)))
+
+    def _arrays(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class GradStep:
+    """One tile of the backward pass as a traced key row or query row saw it.
+
+    Key trace (dK_j, dV_j of one key, accumulating over the Q tiles): start:stop are the Q
+    tile's query rows, dk_norm and dv_norm ‖dK_j‖ and ‖dV_j‖ after the tile. Query trace (dQ_i,
+    accumulating over the K/V tiles): start:stop are the tile's keys, dq_norm ‖dQ_i‖ after it.
+    p_max is the largest recomputed P = exp(S − LSE) the traced row or key saw in the tile and
+    ds_sum Σ dS over it (0 and 0 for a tile the mask hides: masked, skipped as in the forward).
+    The norms include the score scale: they are of the gradients as finally written.
+    """
+
+    block: int
+    start: int
+    stop: int
+    masked: bool
+    p_max: float
+    ds_sum: float
+    dk_norm: float | None = None
+    dv_norm: float | None = None
+    dq_norm: float | None = None
+
+
+__all__ = ["GradStep", "Step", "StepColumns"]

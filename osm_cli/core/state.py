@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FORMS = ("rescale", "merge")
+from .names import FORMS  # noqa: F401  (its home is names.py; re-exported for fold.py and others)
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,19 @@ def merge_step(
     own = block_state(s, v, p_round=p_round)
     merged, w_old, w_block = combine(state, own)
     return Update(merged, own.m, w_old, own.m, own.l, w_block)
+
+
+def with_sink(state: State, sink: np.ndarray) -> tuple[State, np.ndarray]:
+    """The state with a sink logit in the softmax's denominator only (docs/numerics.md#sinks):
+    a key of score `sink` whose value is 0, merged like any block by `combine`. m = max(m, sink),
+    l = l·α + exp(sink − m), O = O·α: the output's numerator gets nothing. Returns (state, α).
+
+    Example: with_sink(State(np.array([0.]), np.array([1.])), np.array([0.]))[0].l -> [2.]
+    """
+    sink = np.asarray(sink, dtype=state.m.dtype)
+    o = None if state.o is None else np.zeros_like(state.o)
+    merged, alpha, _ = combine(state, State(sink, np.ones_like(sink), o))
+    return merged, alpha
 
 
 def finalize(state: State) -> tuple[np.ndarray, np.ndarray | None]:

@@ -1,24 +1,33 @@
-"""Files in and out: loading and validating inputs (load.py), all-or-nothing writes (save.py)."""
+"""Files in and out: loading and validating inputs (load.py; .safetensors in tensorfile.py),
+all-or-nothing writes (save.py)."""
 
+from .bundles import bundle_inputs, load_backward, load_bundle, load_qkv
 from .load import (
+    BUNDLE_NAMES,
+    TENSOR_SUFFIXES,
     check_file,
     check_mask,
     check_not_void,
     check_real,
     check_scores,
+    is_bundle,
     is_qkv,
     load_array,
     load_mask,
     load_partials,
-    load_qkv,
     load_scores,
     parse_pair,
     parse_text,
+    tensor_names,
+    view_raw,
 )
 from .save import check_destinations, save_bytes, save_npy, save_text, write_all
 
 __all__ = [
-    "check_destinations", "check_file", "check_mask", "check_not_void", "check_real",
-    "check_scores", "is_qkv", "load_array", "load_mask", "load_partials", "load_qkv",
-    "load_scores", "parse_pair", "parse_text", "save_bytes", "save_npy", "save_text", "write_all",
+    "BUNDLE_NAMES", "TENSOR_SUFFIXES", "bundle_inputs", "check_destinations", "check_file",
+    "check_mask",
+    "check_not_void", "check_real", "check_scores", "is_bundle", "is_qkv", "load_array",
+    "load_backward", "load_bundle", "load_mask", "load_partials", "load_qkv", "load_scores",
+    "parse_pair", "parse_text", "save_bytes", "save_npy", "save_text", "tensor_names", "view_raw",
+    "write_all",
 ]

@@ -1,9 +1,13 @@
 """Reading inputs, with errors a user can act on.
 
 Scores come from text (numbers separated by spaces, commas or newlines; one row per line),
-.csv, .npy / .npz (pickles refused, large files memory-mapped), standard input ("-") or an
-inline string; Q, K, V from three .npy files or one .npz; masks and split-KV partials from
-.npy. Leaves out: any computation, writing (save.py).
+.csv, .npy / .npz / .safetensors (pickles refused, large files memory-mapped), standard input
+("-") or an inline string; Q, K, V from three tensor files or one .npz / .safetensors holding
+q, k, v (a kernel's bundle: also out, lse, do, dq, dk, dv); masks and split-KV partials from
+tensor files. A tensor file is .npy, .npz or .safetensors (tensorfile.py) wherever one is read.
+bfloat16 and float8 saved by ml_dtypes to .npy / .npz read back as raw 2- or 1-byte values
+(numpy's void kind, |V2 / |V1): `raw_as` (the command line's --input-dtype) names their dtype.
+Leaves out: any computation, writing (save.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import numpy as np
 
 from osm_cli.errors import InputError, ShapeError
 
+from . import tensorfile
+
+TENSOR_SUFFIXES = (".npy", ".npz", tensorfile.SUFFIX)
+BUNDLE_NAMES = ("out", "q", "k", "v", "lse", "do", "dq", "dk", "dv")  # a kernel's tensors
 _SEP = re.compile(r"[,;\s]+")
 
 
@@ -70,13 +78,38 @@ def check_file(path: Path) -> None:
         raise InputError(f"{path}: is a directory, not a file")
 
 
-def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.ndarray:
-    """An array from .npy or .npz, refusing pickles; .npy files are memory-mapped.
+def load_array(path: Path, *, key: str | None = None, mmap: bool = True,
+               raw_as: str | None = None) -> np.ndarray:
+    """An array from .npy, .npz or .safetensors, refusing pickles; .npy files are memory-mapped.
 
-    An .npz must hold one array, or `key` names the one to take. Anything np.load cannot read
-    as an array (a garbled header, a member that is not .npy, a pickle) is an InputError.
+    An .npz or .safetensors must hold one array, or `key` names the one to take. Anything that
+    cannot be read as an array (a garbled header, a member that is not .npy, a pickle) is an
+    InputError. Raw 2- or 1-byte values (how ml_dtypes' bfloat16 and float8 save to .npy) are
+    viewed as the dtype `raw_as` names ("bf16", "e4m3", …), when it is given.
     """
     check_file(path)
+    if tensorfile.is_safetensors(path):
+        return tensorfile.tensor(path, key)
+    return view_raw(_load_npy(path, key, mmap), f"{path}" + (f": {key}" if key else ""), raw_as)
+
+
+def view_raw(arr: np.ndarray, name: str, raw_as: str | None) -> np.ndarray:
+    """arr as the dtype raw_as names, when arr holds raw bytes of that dtype's size (|V2 as
+    bfloat16, say); anything else as it is. Example: view_raw(np.load("q.npy"), "q.npy", "bf16")
+    """
+    if raw_as is None or arr.dtype.kind != "V" or arr.dtype.fields is not None:
+        return arr
+    from osm_cli.precision.dtypes import resolve_dtype
+
+    name_of, dt = resolve_dtype(raw_as)
+    if dt.itemsize != arr.dtype.itemsize:
+        raise InputError(f"{name}: holds raw {arr.dtype.itemsize}-byte values "
+                         f"({arr.dtype.str}); --input-dtype {raw_as} is {dt.itemsize}-byte "
+                         f"{name_of}")
+    return arr.view(dt)
+
+
+def _load_npy(path: Path, key: str | None, mmap: bool) -> np.ndarray:
     try:
         if zipfile.is_zipfile(path):
             with np.load(path, allow_pickle=False) as npz:
@@ -100,6 +133,8 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.n
     except (InputError, MemoryError):
         raise
     except ValueError as exc:
+        if (raw := _one_byte_npy(path)) is not None:  # float8_e5m2 as ml_dtypes saves it
+            return raw
         # mmap refuses object arrays before np.load can say "pickle": both mean the same thing
         if "pickle" in str(exc).lower() or "python objects" in str(exc).lower():
             raise InputError(
@@ -112,6 +147,47 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True) -> np.n
     if not isinstance(arr, np.ndarray):  # np.load returns a member that is not .npy as bytes
         raise InputError(f"{where}: is not an .npy array (an .npz holds .npy files)")
     return arr
+
+
+def _one_byte_npy(path: Path) -> np.ndarray | None:
+    """A .npy whose header says 'f1', a 1-byte float numpy has no type for (ml_dtypes saves
+    float8_e5m2 so, and float8_e4m3fn as 'V1'), as raw 1-byte values (|V1), memory-mapped;
+    None for any other file."""
+    import ast
+
+    try:
+        with open(path, "rb") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            size = int.from_bytes(fh.read(2 if major == 1 else 4), "little")
+            header = ast.literal_eval(fh.read(size).decode("latin1"))
+            offset = fh.tell()
+        if not (isinstance(header, dict) and str(header.get("descr", ""))[1:] == "f1"):
+            return None
+        return np.memmap(path, dtype="V1", mode="r", offset=offset, shape=tuple(header["shape"]),
+                         order="F" if header.get("fortran_order") else "C")
+    except Exception:
+        return None
+
+
+def tensor_names(path: Path) -> list[str]:
+    """The arrays an .npz or .safetensors file holds (an .npy holds one, unnamed: [])."""
+    check_file(path)
+    if tensorfile.is_safetensors(path):
+        return tensorfile.names(path)
+    if not zipfile.is_zipfile(path):
+        return []
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return list(z.files)
+    except Exception as exc:
+        raise InputError(f"{path}: not a valid .npz file ({type(exc).__name__}: "
+                         f"{_short(exc)})") from None
+
+
+def is_bundle(path: Path) -> bool:
+    """One .npz or .safetensors holding several named tensors (q, k, v, …)."""
+    return (zipfile.is_zipfile(path) if Path(path).suffix.lower() != tensorfile.SUFFIX
+            else True)
 
 
 def _short(exc: Exception, most: int = 80) -> str:
@@ -139,11 +215,17 @@ def check_not_void(arr: np.ndarray, name: str) -> None:
     dt = arr.dtype
     if dt.kind != "V" or dt.name.startswith(("bfloat16", "float8")):
         return
-    if dt.fields is None and dt.itemsize in (1, 2):
+    if dt.fields is None and dt.itemsize == 2:
         raise InputError(
-            f"{name}: has dtype {dt.str}, raw {dt.itemsize}-byte values: how a bfloat16 or "
-            "float8 array saved by ml_dtypes reads back from .npy, without its type; save it as "
-            "float32 (or float16) for osm"
+            f"{name}: holds raw 2-byte values ({dt.str}), as ml_dtypes writes bfloat16 to .npy "
+            "without its type; pass --input-dtype bf16 (or fp16) to read them as that, or save "
+            "the file as .safetensors or float32"
+        )
+    if dt.fields is None and dt.itemsize == 1:
+        raise InputError(
+            f"{name}: holds raw 1-byte values ({dt.str}), as ml_dtypes writes float8 to .npy "
+            "without its type; pass --input-dtype e4m3 (or e5m2) to read them as that, or save "
+            "the file as .safetensors or float32"
         )
     raise InputError(f"{name}: has dtype {dt}; osm needs a numeric array")
 
@@ -173,18 +255,34 @@ def check_scores(scores: np.ndarray, name: str) -> np.ndarray:
     if scores.size == 0:
         raise InputError(f"{name}: is empty {tuple(scores.shape)}; there are no scores")
     out = np.asarray(scores, dtype=np.float64)
-    if (at := _first(np.isnan(out))) is not None:
-        raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
-    if (at := _first(np.isposinf(out))) is not None:
-        raise InputError(
-            f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
-            "Mask a score with -inf"
-        )
+    if not _all_below_inf(out):  # else there is no NaN and no +inf: the common case, one pass
+        if (at := _first(np.isnan(out))) is not None:
+            raise InputError(f"{name}: NaN at index {at}; softmax of NaN is undefined")
+        if (at := _first(np.isposinf(out))) is not None:
+            raise InputError(
+                f"{name}: +inf at index {at}; softmax is undefined for +inf (inf / inf). "
+                "Mask a score with -inf"
+            )
     return out
 
 
-def load_scores(source: str | None, values: str | None = None) -> tuple[np.ndarray, str]:
-    """Scores from a file path, "-" (standard input) or an inline string; (array, display name)."""
+CHECK_CHUNK = 1 << 20  # scores checked at once: a huge memory-mapped file needs no huge mask
+
+
+def _all_below_inf(s: np.ndarray) -> bool:
+    """Every score is below +inf (so none is NaN or +inf), checked about CHECK_CHUNK at a time
+    (whole rows, or pieces of a longer row), in whatever memory order s has."""
+    s2 = s.reshape(1, -1) if s.ndim == 1 else s
+    rows, n = s2.shape
+    per, width = max(1, CHECK_CHUNK // max(n, 1)), min(n, CHECK_CHUNK)
+    return all(bool((s2[r:r + per, a:a + width] < np.inf).all())
+               for r in range(0, rows, per) for a in range(0, n, width))
+
+
+def load_scores(source: str | None, values: str | None = None,
+                raw_as: str | None = None) -> tuple[np.ndarray, str]:
+    """Scores from a file path, "-" (standard input) or an inline string; (array, display name).
+    raw_as: the dtype of raw-byte .npy values (load_array)."""
     if values is not None:
         if source is not None:
             raise InputError("give either a SCORES file or --values, not both")
@@ -195,45 +293,29 @@ def load_scores(source: str | None, values: str | None = None) -> tuple[np.ndarr
         return check_scores(parse_text(sys.stdin.read(), "<stdin>"), "<stdin>"), "<stdin>"
     path = Path(source)
     check_file(path)
-    if path.suffix.lower() in (".npy", ".npz"):
-        return check_scores(load_array(path), str(path)), str(path)
+    if path.suffix.lower() in TENSOR_SUFFIXES:
+        return check_scores(load_array(path, raw_as=raw_as), str(path)), str(path)
     try:
         text = path.read_text(encoding="utf-8-sig")  # spreadsheets start CSV with a BOM
     except UnicodeDecodeError:
-        raise InputError(f"{path}: is not a text file (and not .npy/.npz)") from None
+        raise InputError(f"{path}: is not a text file (and not .npy/.npz/.safetensors)") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
     return check_scores(parse_text(text, str(path)), str(path)), str(path)
 
 
-def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V from three .npy files, or from one .npz holding arrays q, k and v (raw bytes and
-    records refused here; attention checks the dtypes it takes)."""
-    if len(paths) == 1:
-        path = Path(paths[0])
-        check_file(path)
-        if not zipfile.is_zipfile(path):
-            raise InputError(f"{path}: give Q K V as three .npy files, or one .npz with q, k, v")
-        named = [(load_array(path, key=key), f"{path}: {key}") for key in ("q", "k", "v")]
-    elif len(paths) != 3:
-        raise InputError(f"expected Q K V (three .npy files) or one .npz; got {len(paths)} files")
-    else:
-        named = [(load_array(Path(p)), p) for p in paths]
-    for arr, name in named:
-        check_not_void(arr, name)
-    return tuple(arr for arr, _ in named)
-
-
 def is_qkv(paths: list[str]) -> bool:
-    """Three files, or one .npz holding q, k and v: Q/K/V (else, for osm sweep, scores)."""
+    """Three files, or one .npz or .safetensors holding q, k and v: Q/K/V (else, for osm
+    sweep, scores)."""
     if len(paths) == 3:
         return True
-    if len(paths) != 1 or not paths[0].lower().endswith(".npz") or not Path(paths[0]).is_file():
+    if len(paths) != 1 or not Path(paths[0]).is_file():
+        return False
+    if not paths[0].lower().endswith((".npz", tensorfile.SUFFIX)):
         return False
     try:
-        with np.load(paths[0], allow_pickle=False) as z:
-            return {"q", "k", "v"} <= set(z.files)
-    except Exception:  # not a readable .npz: loading it as scores reports why
+        return {"q", "k", "v"} <= set(tensor_names(Path(paths[0])))
+    except Exception:  # not a readable file: loading it as scores reports why
         return False
 
 
@@ -282,7 +364,8 @@ def load_mask(path: str) -> np.ndarray:
     return mask
 
 
-def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray], tuple]:
+def load_partials(paths: list[Path], raw_as: str | None = None
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], tuple]:
     """Split-KV partial results from pairs of files O_0 LSE_0 O_1 LSE_1 …, checked and as float64,
     and the dtypes to write the merged O and LSE in (the files' common float, else float64).
 
@@ -296,7 +379,7 @@ def load_partials(paths: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]
         )
     outs, lses, o_dtypes, l_dtypes = [], [], [], []
     for o_path, l_path in zip(paths[0::2], paths[1::2], strict=True):
-        o, lse = load_array(Path(o_path)), load_array(Path(l_path))
+        o, lse = load_array(Path(o_path), raw_as=raw_as), load_array(Path(l_path), raw_as=raw_as)
         for arr, p in ((o, o_path), (lse, l_path)):
             check_real(arr, str(p))
         o_dtypes.append(o.dtype)

@@ -55,6 +55,17 @@ class CheckReport:
     rows_over: int
     total_rows: int
     hint: str = ""
+    grads: tuple = ()  # gradcheck.GradCheck per gradient judged (dq, dk, dv given)
+
+    @property
+    def passed(self) -> bool:
+        """The output, its LSE and every gradient judged pass."""
+        return self.verdict.passed and all(g.rule.passed for g in self.grads)
+
+    @property
+    def worst_grad(self):
+        """The gradient nearest its bound (or furthest past it); None without gradients."""
+        return max(self.grads, key=lambda g: g.severity, default=None)
 
 
 def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarray:
@@ -68,17 +79,28 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
                    f"{tuple(ref_lse.shape)}")
 
 
-def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = True,
-          opts: ScoreOptions | None = None, **options) -> CheckReport:
-    """Judge an external kernel's output (and LSE) for inputs q, k, v in `dtype`.
+def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, top: int = 5,
+          with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
+          **options) -> CheckReport:
+    """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
 
     dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
-    causal, scale, layout, causal_align, window, mask) as attention's.
-    Example: check(o, q, k, v, "fp16", lse=lse, causal=True).verdict.passed
+    causal, scale, layout, causal_align, window, mask) as attention's. dq, dk, dv (any of them)
+    are the kernel's gradients for the upstream gradient do, judged by FlashAttention's backward
+    rule `grad_rule` (gradcheck.GRAD_RULES).
+    Example: check(o, q, k, v, "fp16", lse=lse, causal=True).passed
     """
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
-    (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, dt)
+    given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv)) if g is not None}
+    if given and do is None:
+        raise OsmError("judging gradients needs dO, the upstream gradient they were computed "
+                       "for")
+    if do is not None and not given:
+        raise OsmError("dO was given but no gradient to judge (dQ, dK or dV)")
+    arrays = {"Q": q, "K": k, "V": v, **({} if do is None else {"dO": do})}
+    rounded, notes = round_inputs(arrays, dt)
+    q, k, v = rounded[:3]
     out = np.asarray(out)
     if out.dtype.kind not in "f" and out.dtype not in (
             DTYPES["bfloat16"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]):
@@ -88,7 +110,7 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
         raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
                        f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
     if lse is not None:
-        lse = _lse_as_bhnd(lse, ref_lse, opts.layout)
+        lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
     pt, pt_lse = plain(q, k, v, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
@@ -98,23 +120,30 @@ def check(out, q, k, v, dtype, *, lse=None, top: int = 5, with_model: bool = Tru
         m = model(dtype_name(dt))
         model_err = max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
                                        opts=opts).out - ref)
-    rows, heads, over = _worst(out, ref_d, lse_err, verdict, dt, opts.layout, top)
+    rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view_of(opts), top)
+    grads = ()
+    if given:
+        from .gradcheck import check_grads  # the backward's reference, only when judged
+
+        grads = check_grads(q, k, v, rounded[3], dt, given, opts, top=top,
+                            with_model=with_model, rule=grad_rule)
     return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
                        int(np.count_nonzero(over)), int(over.size),
-                       "" if verdict.passed else _hint(out, dt))
+                       "" if verdict.passed else _hint(out, dt), grads)
 
 
-def _worst(out, ref_d, lse_err, verdict: Verdict, dt, layout: str, top: int):
+def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
     """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), and
-    which rows are over the rule's bound (NaN counts as over)."""
-    ref_rows = as_bhnd(ref_d, layout, "ref")
-    diff = np.abs(as_bhnd(out, layout, "OUT").astype(np.float64) - ref_rows)
+    which rows are over the rule's bound (NaN counts as over). out may be a gradient too (dK's
+    rows are keys)."""
+    ref_rows = rows_view(ref_d, layout)
+    diff = np.abs(rows_view(out, layout).astype(np.float64) - ref_rows)
     row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
     with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
         row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
     if lse_err is not None:
-        lse_err = as_bhnd(lse_err[..., None], layout, "LSE")[..., 0]
-    over = ~(row_err <= verdict.rule.bound)
+        lse_err = rows_view(lse_err[..., None], layout, lse=True)[..., 0]
+    over = ~(row_err <= bound)
     rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
     rows = []
     for flat in np.argsort(-rank, kind="stable")[:top]:
@@ -128,6 +157,31 @@ def _worst(out, ref_d, lse_err, verdict: Verdict, dt, layout: str, top: int):
         b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
         heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
     return tuple(rows), tuple(heads), over
+
+
+def view_of(opts: ScoreOptions, x: str = "q") -> str:
+    """How check ranks the rows of an array stored like Q (x "q") or K: by the layout, or for
+    a packed or paged batch "packed" (rows of (rows, H, d), batch 0) or "fa" ((B, N, H, d),
+    LSE (B, H, N))."""
+    p = opts.packing
+    if not p.active:
+        return opts.layout
+    packed = p.cu_seqlens_q is not None if x == "q" else (
+        p.cu_seqlens_k is not None or p.page_table is not None)
+    return "packed" if packed else "fa"
+
+
+def rows_view(x, layout: str, lse: bool = False) -> np.ndarray:
+    """x as (B, H, rows, d) for ranking rows: attention's layouts, or a packed batch's
+    (…, H, d) rows as one batch, or FlashAttention's (B, N, H, d) with its LSE (B, H, N)."""
+    x = np.asarray(x)
+    if layout == "packed":
+        if lse:  # FlashAttention's (H, total) LSE, with a trailing axis of 1
+            return x[None]
+        return x.reshape(-1, *x.shape[-2:]).swapaxes(0, 1)[None]
+    if layout == "fa":
+        return x if lse else x.swapaxes(1, 2)
+    return as_bhnd(x, layout, "rows")
 
 
 def _hint(out, dt) -> str:

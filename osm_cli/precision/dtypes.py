@@ -164,6 +164,20 @@ def round_inputs(arrays: dict, dtype) -> tuple[tuple, tuple[Rounding, ...]]:
     return tuple(rounded), tuple(notes)
 
 
+def shared_narrow(*arrays) -> str | None:
+    """The name of the dtype the arrays share when numpy has no arithmetic of its own for it
+    (bfloat16, float8), else None: what attention's --dtype defaults to, since such inputs can
+    only have come from a kernel in that dtype. float16 inputs keep the plain float32 run.
+    Example: shared_narrow(q.astype(DTYPES["bfloat16"]), ...) -> "bfloat16"
+    """
+    kinds = {np.asarray(a).dtype for a in arrays}
+    if len(kinds) != 1:
+        return None
+    (dt,) = kinds
+    name = dtype_name(dt)
+    return name if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else None
+
+
 def dtype_name(dtype) -> str:
     """The canonical name of a dtype osm knows (else numpy's name)."""
     dt = np.dtype(dtype)

@@ -78,6 +78,12 @@ def run_flash(m: Model, q, k, v, *, schedule: str = "tiles", sms: int = SMS,
     hooks = Hooks(m.accum, m.p_round)
     if schedule == "tiles":
         return finish(m, attention(q, k, v, hooks=hooks, **kwargs))
+    opts = kwargs.get("opts")
+    if opts is not None and opts.packing.active:
+        # varlen and paged batches: FA2 runs each sequence without split-KV (mha_varlen_fwd)
+        bq, bk = default_blocks(np.shape(q)[-1])
+        return finish(m, attention(q, k, v, hooks=hooks, tiling=Tiling(
+            block_q=bq, block_k=bk, reverse=True), **kwargs))
     layout = layout_of(kwargs)
     b, h, t, d = as_bhnd(np.asarray(q), layout, "Q").shape
     s = as_bhnd(np.asarray(k), layout, "K").shape[2]

@@ -61,6 +61,14 @@ class Model:
                 f"LSE in {self.accum.name}")
 
 
+    def describe_backward(self) -> str:
+        if self.p_round is None:
+            return f"flash backward: inputs in {self.name}, arithmetic in {self.accum.name}"
+        return (f"flash backward (FA2): Q, K, V, O, dO in {self.name}; D, S, P, dP, dS in "
+                f"{self.accum.name}; P and dS rounded to {self.name} before their matmuls; "
+                f"dQ, dK, dV accumulated in {self.accum.name}, rounded to {self.name} at the end")
+
+
 def model(dtype: str = "float32", precision: str | None = None, accum: str | None = None) -> Model:
     """A Model from names. precision defaults to flash; accum to float32 (float64 for float64).
 

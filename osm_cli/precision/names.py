@@ -20,6 +20,7 @@ ALIASES = {
 }
 PRECISIONS = ("flash", "naive")  # docs/numerics.md#precision-model
 ACCUMS = ("float32", "float64")
+GRAD_RULES = ("fa3", "fa2")  # gradcheck.py's rules for gradients (docs/numerics.md#grad-rule)
 
 
 def canonical(name: str) -> str:
@@ -30,4 +31,4 @@ def canonical(name: str) -> str:
     return key
 
 
-__all__ = ["ACCUMS", "ALIASES", "DTYPE_NAMES", "PRECISIONS", "canonical"]
+__all__ = ["ACCUMS", "ALIASES", "DTYPE_NAMES", "GRAD_RULES", "PRECISIONS", "canonical"]

@@ -30,6 +30,9 @@ class Rule:
     bound: float
     passed: bool
     note: str = ""
+    k_pt: float = 2.0  # bound = k_pt·pt_err + k_round·rounding (+ k_abs)
+    k_round: float = 2.0
+    k_abs: float = 0.0
 
 
 def max_abs(d: np.ndarray) -> float:
@@ -37,12 +40,14 @@ def max_abs(d: np.ndarray) -> float:
     return float(np.max(np.abs(d))) if d.size else 0.0
 
 
-def _rule(err: float, pt_err: float, rounding_err: float) -> Rule:
+def _rule(err: float, pt_err: float, rounding_err: float, k_pt: float = 2.0,
+          k_round: float = 2.0, k_abs: float = 0.0) -> Rule:
+    factors = (k_pt, k_round, k_abs)
     if not math.isfinite(pt_err):
         return Rule(err, pt_err, rounding_err, math.inf, math.isfinite(err),
-                    "plain same-dtype attention overflowed, so the rule bounds nothing")
-    bound = 2 * pt_err + 2 * rounding_err
-    return Rule(err, pt_err, rounding_err, bound, bool(err <= bound))
+                    "plain same-dtype attention overflowed, so the rule bounds nothing", *factors)
+    bound = k_pt * pt_err + k_round * rounding_err + k_abs
+    return Rule(err, pt_err, rounding_err, bound, bool(err <= bound), "", *factors)
 
 
 def fa_rule(out, ref, pt, dtype) -> Rule:
@@ -58,8 +63,10 @@ def fa_rule(out, ref, pt, dtype) -> Rule:
     return _fa_rule(out, round_to(ref, dt, np.float64), pt, dt)
 
 
-def _fa_rule(out, ref_d, pt, dt: np.dtype) -> Rule:
-    """fa_rule with ref already rounded to the dtype (ref_d, float64), for callers that keep it."""
+def _fa_rule(out, ref_d, pt, dt: np.dtype, factors: tuple = (2.0, 2.0, 0.0)) -> Rule:
+    """fa_rule with ref already rounded to the dtype (ref_d, float64), for callers that keep it;
+    factors (k_pt, k_round, k_abs) make the bound k_pt·pt_err + k_round·rounding + k_abs (the
+    gradients' rules, gradcheck.py)."""
     err = max_abs(np.asarray(out, dtype=np.float64) - ref_d)
     pt_err = max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
     r = ref_d.astype(dt)
@@ -72,7 +79,7 @@ def _fa_rule(out, ref_d, pt, dt: np.dtype) -> Rule:
         bound = F64_TOLERANCE * max(1.0, max_abs(ref_d))
         return Rule(err, pt_err, rounding_err, bound, bool(err <= bound),
                     f"float64: the reference's own precision; bound {F64_TOLERANCE:g}·max|ref|")
-    return _rule(err, pt_err, rounding_err)
+    return _rule(err, pt_err, rounding_err, *factors)
 
 
 def lse_errors(lse, ref_lse) -> np.ndarray:

@@ -11,24 +11,16 @@ from dataclasses import replace
 
 from rich import box
 from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import agreement, arrow, fill, fit, kv_table, num, values
+from .format import Table, agreement, arrow, fill, fit, kv_table, num, values
 from .stepmode import frame
 from .verdicts import precision_summary
 
 
 def attention_summary(res, ref_err: dict | None) -> Table:
     """Shapes, conventions, tile counts and the error against the float64 reference."""
-    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
-    rows = [
-        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
-        ("scale", f"{res.scale:.8g}"),
-        ("causal", f"yes ({res.align})" if res.causal else "no"),
-        ("window", window),
-        ("mask", res.mask),
-    ]
+    rows = convention_rows(res)
     if res.one_shot:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
@@ -49,6 +41,35 @@ def attention_summary(res, ref_err: dict | None) -> Table:
             ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
         ]
     return kv_table(rows)
+
+
+def convention_rows(res) -> list:
+    """The summary's first lines, the forward's and the backward's alike (an Attention or
+    Backward record): shapes, scale, causal, window, mask and the kernels' inputs."""
+    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
+    return [
+        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
+        ("scale", f"{res.scale:.8g}"),
+        ("causal", f"yes ({res.align})" if res.causal else "no"),
+        ("window", window),
+        ("mask", res.mask),
+        *kernel_inputs_rows(res),
+    ]
+
+
+def kernel_inputs_rows(res) -> list:
+    """The summary's lines for the kernels' inputs a run took (softcap, ALiBi, sinks, a varlen
+    or paged batch); none for a plain run. res: an Attention or Backward record."""
+    rows = []
+    if getattr(res, "batch", ""):
+        rows.append(("batch", res.batch))
+    if getattr(res, "softcap", None) is not None:
+        rows.append(("softcap", f"{res.softcap:g}: s → {res.softcap:g}·tanh(s/{res.softcap:g})"))
+    if getattr(res, "alibi", False):
+        rows.append(("ALiBi", "−slope·|i + s − t − j| added to the scores"))
+    if getattr(res, "sinks", False):
+        rows.append(("sinks", "per-head logits in the denominator (trace: last row)"))
+    return rows
 
 
 def attention_heads(rep) -> list:
@@ -77,37 +98,71 @@ def baseline_lines(b) -> Text:
     )
 
 
+# attention_trace's variants, tried in order until one fits: (digits, the O[:3] column, m and
+# l as "before → after"); the narrowest show m and l after each tile (the row above: before)
+TRACE_VARIANTS = (
+    (7, True, True), (6, True, True), (7, False, True), (6, False, True), (5, False, True),
+    (6, False, False), (5, False, False), (4, False, False),
+)
+
+
 def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
-    """The traced query row, tile by tile (attention_results shows its output)."""
-    return fit(lambda d: _attention_trace(res, d, show_all), width, (7, 6, 5, 4))
+    """The traced query row, tile by tile (attention_results shows its output).
+
+    Numbers get 7 significant digits; to fit `width`, 6, then without the O[:3] column (‖O‖
+    stays; the title says so), then fewer digits and m and l shown after each tile only.
+    The steps are attention's Step records, so a backward trace can render through this too.
+    """
+    return fit(lambda v: _attention_trace(res, show_all, *v), width, TRACE_VARIANTS)
 
 
-def _attention_trace(res, d: int, show_all: bool) -> Group:
+def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
+                     arrows: bool = True) -> Group:
     b, h, i = res.traced
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     nc = {"justify": "right", "no_wrap": True}
     for name in ("tile", "keys", "tile max", "m", "α", "l"):
         t.add_column(name, **nc)
     shown = len(res.trace[0].o) if res.trace else 0
-    t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
+    if with_o:
+        t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
     t.add_column("‖O‖", **nc)
+
+    pages = any(st.pages for st in res.trace)
+    if pages:
+        t.add_column("pages", **nc)
 
     def row(n):
         s = res.trace[n]
+        extra = [",".join(map(str, s.pages or ()))] if pages else []
         if s.masked:
             return [str(s.block), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
-                    num(s.m, d), "", num(s.l, d), "", ""]
+                    num(s.m, d), "", num(s.l, d), *([""] if with_o else []), "", *extra]
+        if s.sink:  # not a tile: the sink joins l as a key of value 0
+            m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
+            l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
+            o = [values(s.o, max(3, d - 3), shown)] if with_o else []
+            return ["sink", "", Text.assemble("σ ", num(s.block_max, d)), m, num(s.alpha, d),
+                    l_, *o, num(s.o_norm, d), *extra]
         alpha = num(s.alpha, d)
         if s.rescaled:
             alpha.stylize("bold yellow")
         if s.lazy_skipped:  # lazy rescale: the tile max passed m, m was kept
             alpha.append(" skip", style="magenta")
-        return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), arrow(s.m_prev, s.m, d),
-                alpha, arrow(s.l_prev, s.l, d), values(s.o, max(3, d - 3), shown), num(s.o_norm, d)]
+        m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
+        l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
+        o = [values(s.o, max(3, d - 3), shown)] if with_o else []
+        return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
+                num(s.o_norm, d), *extra]
 
     fill(t, len(res.trace), row, show_all)
-    title = Text(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0")
-    return Group(title, t)
+    what = "sequence" if getattr(res, "batch", "") else "batch"
+    title = f"trace of {what} {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
+    if not with_o:
+        title += f"\n(O[:{shown}] left out at this width: --csv or --json has it)"
+    if not arrows:
+        title += "\nm and l after each tile (the row above holds their values before it)"
+    return Group(Text(title), t)
 
 
 def attention_output(res, ref_row, show_all: bool = False) -> Group:

@@ -1,17 +1,24 @@
 """Step records as CSV text: the same rows the step tables show, at full precision.
 
 Floats are written with repr (the shortest text that reads back to the same float64); infinities
-as inf / -inf, which Python, numpy and pandas read back. Leaves out: writing the file (io/save.py).
+as inf / -inf, which Python, numpy and pandas read back. A long trace's steps (over bulk.LONG
+scores) are written from their columns by bulk.py, their floats spelled as orjson spells them
+(the same digits; 1e-7 for repr's 1e-07). Leaves out: writing the file (io/save.py).
 
 Example: steps_csv([trace]) -> "form,block,start,stop,block_max,m_prev,m,alpha,l_prev,l,...\\n"
          tiles_csv(attention_result) -> "batch,head,query,step,tile,start,stop,skipped,...\\n"
          sweep_csv(sweep_result) -> "block,tiles,skipped,rescales,max_error,lse_error,...\\n"
+         grad_trace_csv(backward_result) -> "trace,batch,head,row,tile,start,stop,...\\n"
 """
 
 from __future__ import annotations
 
 import csv
 import io as _io
+
+import numpy as np
+
+from . import bulk
 
 COLUMNS = (
     "form", "step", "block", "start", "stop", "block_max", "m_prev", "m", "alpha", "l_prev", "l",
@@ -64,6 +71,46 @@ def steps_csv_chunks(forms_steps):
     ))
 
 
+def trace_csv_chunks(rep):
+    """osm trace --csv (reports.trace.TraceReport): steps_csv's text of every trace, in pieces,
+    made as they are written; for a long trace from its step columns, as bytes."""
+    if rep.rows.size <= bulk.LONG:
+        return steps_csv_chunks([(t.form, rep.iter_steps(i)) for i, t in enumerate(rep.traces)])
+    return _long_csv(rep)
+
+
+def _long_csv(rep):
+    yield (",".join(COLUMNS) + "\n").encode()
+    for i, t in enumerate(rep.traces):
+        done = 0
+        for cols in rep.iter_columns(i):
+            for a in range(0, len(cols), SUB):
+                part = cols.take(slice(a, a + SUB))
+                yield csv_rows(t.form, part, done)
+                done += len(part)
+
+
+SUB = 1 << 14  # steps laid out at once (bulk.rows)
+CSV_NONFINITE = {"inf": b"inf", "-inf": b"-inf", "nan": b"nan"}
+
+
+def csv_rows(form: str, cols, first: int) -> memoryview:
+    """steps_csv's lines for the steps of cols (core.record.StepColumns), numbered from first."""
+    def num(x, repeats=False):
+        return bulk.numbers(x, CSV_NONFINITE, repeats=repeats)
+
+    merge = (b",", b",", b",") if cols.block_l is None else (
+        b",", num(cols.block_m), b",", num(cols.block_l), b",", num(cols.block_weight))
+    cells = [num(np.arange(first, first + len(cols))), num(cols.block), num(cols.start),
+             num(cols.stop), num(cols.block_max), num(cols.m_prev, True), num(cols.m, True),
+             num(cols.alpha, True), num(cols.l_prev), num(cols.l), num(cols.rescaled),
+             num(cols.lazy_skipped)]
+    pieces: list = [f"{form},".encode()]
+    for n, c in enumerate(cells):
+        pieces += [b","] * bool(n) + [c]
+    return bulk.rows([*pieces, *merge, b"\n"], len(cols))
+
+
 TILE_COLUMNS = (
     "batch", "head", "query", "step", "tile", "start", "stop", "skipped", "tile_max", "m_prev",
     "m", "alpha", "l_prev", "l", "rescaled", "o_norm",
@@ -83,6 +130,25 @@ def tiles_csv(res) -> str:
          s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o))
         for n, s in enumerate(res.trace)
     ))
+
+
+GRAD_COLUMNS = (
+    "trace", "batch", "head", "row", "tile", "start", "stop", "masked", "p_max", "ds_sum",
+    "dk_norm", "dv_norm", "dq_norm",
+)
+
+
+def grad_trace_csv(res) -> str:
+    """osm backward --csv: one line per tile of both traces (core.record.GradStep records).
+    trace "key": key row `row` of kv head `head`, its tiles the Q tiles (start:stop are query
+    rows); trace "query": query row `row` of head `head`, its tiles the K/V tiles (keys)."""
+    b, h, i = res.traced
+    traces = ((("key", b, res.kv_head, res.traced_key), res.key_trace),
+              (("query", b, h, i), res.query_trace))
+    return _csv(GRAD_COLUMNS, (
+        (*who, s.block, s.start, s.stop, s.masked, s.p_max, s.ds_sum, s.dk_norm, s.dv_norm,
+         s.dq_norm)
+        for who, steps in traces for s in steps))
 
 
 SWEEP_COLUMNS = (
@@ -107,6 +173,6 @@ def sweep_csv(result) -> str:
 
 
 __all__ = [
-    "COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "steps_csv", "steps_csv_chunks", "sweep_csv",
-    "tiles_csv",
+    "COLUMNS", "GRAD_COLUMNS", "SWEEP_COLUMNS", "TILE_COLUMNS", "csv_rows", "grad_trace_csv",
+    "steps_csv", "steps_csv_chunks", "sweep_csv", "tiles_csv", "trace_csv_chunks",
 ]

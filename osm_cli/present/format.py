@@ -1,8 +1,10 @@
 """Number formatting and the table helpers every presenter shares.
 
 Numbers are formatted so the digits that differ are visible and so inf and nan stand out (bold
-red; -inf, a mask, in cyan). Long tables show their first and last rows around a ⋮ row; a table
-too wide for the terminal gets fewer digits, never a cut number.
+red; -inf, a mask, in cyan). Long tables show their first and last rows around a ⋮ row. A table
+too wide for the terminal gets fewer digits, fewer or narrower columns, or is cut into several
+tables (`fit` tries a table's variants in order), never a cut number: every table is this
+module's `Table`, whose cells fold rather than end in '…' even where nothing fits.
 Leaves out: any particular table (trace.py, attention.py, verdicts.py, tables.py).
 """
 
@@ -13,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from rich import box
+from rich import table as rich_table
 from rich.console import Console, Group
 from rich.measure import Measurement
-from rich.table import Table
 from rich.text import Text
 
 VALUES_UP_TO = 8  # step tables list a block's first values only for blocks this small
@@ -41,14 +43,29 @@ def arrow(a, b, digits: int = 8) -> Text:
     return Text.assemble(num(a, digits), " → ", num(b, digits))
 
 
-def values(xs: np.ndarray, digits: int = 4, most: int = 3) -> Text:
-    """A short list of values: the first `most`, then '…'."""
-    shown = [num(x, digits) for x in np.asarray(xs)[:most]]
+class Table(rich_table.Table):
+    """rich's Table, whose columns fold a cell too wide for them onto the next line instead of
+    cutting it with '…' (rich's default): the tables choose digits and columns to fit (`fit`),
+    and where even the narrowest does not, a number breaks across lines but keeps its digits."""
+
+    def add_column(self, *args, **kwargs) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
+
+
+def values(xs: np.ndarray, digits: int = 4, most: int = 3, width: int | None = None) -> Text:
+    """A short list of values: the first `most` (and, given a width, no more than fit in it;
+    at least one), then '…' for the rest. Example: values([1, 2, 3, 4, 5]) -> [1, 2, 3, …]"""
+    xs = np.asarray(xs)
+    shown = [num(x, digits) for x in xs[:most]]
+    while width is not None and len(shown) > 1 and (
+            sum(t.cell_len + 2 for t in shown) + (3 if len(xs) > len(shown) else 0) > width):
+        shown.pop()
     parts: list = []
     for i, t in enumerate(shown):
         parts += ([", "] if i else []) + [t]
-    if len(xs) > most:
-        parts.append(f", …{len(xs) - most}")
+    if len(xs) > len(shown):
+        parts.append(", …")
     return Text.assemble("[", *parts, "]")
 
 
@@ -68,12 +85,22 @@ def fill(table: Table, n: int, row: Callable[[int], Sequence], show_all: bool) -
     return table
 
 
-def fit(make: Callable[[int], Group], width: int, digits=(8, 7, 6, 5), part: int = 1) -> Group:
-    """make(digits) with the most digits whose table (the group's `part`) fits `width`."""
+def fit(make: Callable, width: int, variants: Sequence = (8, 7, 6, 5),
+        part: int | None = 1) -> Group:
+    """make(v) for the first of the variants (most digits and columns first) whose table fits
+    `width` without wrapping a cell; else the last, the narrowest. The table is the group's
+    `part`th renderable, or with part None every table in the group (a table cut into several).
+
+    Only the unwrapped width counts: to fit a table rich narrows its wrappable columns, without
+    regard to the longest word in them, and then every column, so a table that is too wide has
+    cells folded (this module's Table) where rich's own would cut them with '…'.
+    """
     probe = Console(width=10_000)
-    for d in digits:
-        group = make(d)
-        if Measurement.get(probe, probe.options, group.renderables[part]).maximum <= width:
+    for v in variants:
+        group = make(v)
+        tables = ([group.renderables[part]] if part is not None else
+                  [r for r in group.renderables if isinstance(r, rich_table.Table)])
+        if all(Measurement.get(probe, probe.options, t).maximum <= width for t in tables):
             break
     return group
 

@@ -1,5 +1,6 @@
 """The --json documents: records in, plain dicts out, one function per document; and strict
-JSON text for them (`dumps`).
+JSON text for them (`dumps`; a long trace's steps and arrays are StepChunks and Pieces, which
+present/stream.py writes as they are computed).
 
 Keys and their order are the documents' contract (tests and scripts read them). The step
 record's field names are mapped to the documented keys in `_state`, `step_doc` and `tile_doc`
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 
 import numpy as np
+
+from .bulk import LONG
 
 
 def jsonable(obj):
@@ -57,11 +60,13 @@ def jsonable(obj):
     return obj
 
 
-class Items:
-    """A list written item by item (a long trace's steps): make() yields its items."""
+class StepChunks:
+    """A long trace's steps, written as a list of step_doc objects a chunk at a time: make()
+    yields core.record.StepColumns (reports.trace.TraceReport.iter_columns); lazy adds
+    "skipped". present/stream.py writes them."""
 
-    def __init__(self, make: Callable[[], Iterable]):
-        self.make = make
+    def __init__(self, make: Callable[[], Iterable], lazy: bool = False):
+        self.make, self.lazy = make, lazy
 
 
 class Pieces:
@@ -70,64 +75,6 @@ class Pieces:
 
     def __init__(self, shape: tuple, make: Callable[[], Iterable]):
         self.shape, self.make = tuple(shape), make
-
-
-def write_json(obj, write: Callable[[str], object], indent: int | None = 2) -> None:
-    """obj as strict JSON through write(text): dumps(obj) when obj holds no Items or Pieces;
-    else written as it is computed, on one line, as json.dumps would lay out the whole."""
-    if not _streams(obj):
-        write(dumps(obj, indent))
-        return
-    _write(obj, write)
-
-
-def _streams(obj) -> bool:
-    if isinstance(obj, (Items, Pieces)):
-        return True
-    if isinstance(obj, dict):
-        return any(_streams(v) for v in obj.values())
-    return False
-
-
-def _write(obj, write) -> None:
-    if isinstance(obj, dict):
-        write("{")
-        for n, (key, value) in enumerate(obj.items()):
-            write(f"{', ' if n else ''}{json.dumps(key)}: ")
-            _write(value, write)
-        write("}")
-    elif isinstance(obj, Items):
-        write("[")
-        batch: list[str] = []
-        first = True
-        for item in obj.make():
-            batch.append(json.dumps(jsonable(item), allow_nan=False))
-            if len(batch) == 4096:
-                write(("" if first else ", ") + ", ".join(batch))
-                batch, first = [], False
-        if batch:
-            write(("" if first else ", ") + ", ".join(batch))
-        write("]")
-    elif isinstance(obj, Pieces):
-        _write_pieces(obj, write)
-    else:
-        write(json.dumps(jsonable(obj), allow_nan=False))
-
-
-def _write_pieces(obj: Pieces, write) -> None:
-    """A 1-D array as one list; a 2-D one as a list of row lists."""
-    flat = len(obj.shape) == 1
-    n = obj.shape[-1]
-    write("[")
-    for r0, r1, a, b, values in obj.make():
-        for r in range(r0, r1):
-            body = json.dumps(jsonable(np.asarray(values[r - r0])), allow_nan=False)[1:-1]
-            if flat:
-                write((", " if a else "") + body)
-            else:
-                write(("" if a else (", [" if r else "[")) + (", " if a else "") + body
-                      + ("]" if b == n else ""))
-    write("]")
 
 
 def dumps(obj, indent: int | None = 2) -> str:
@@ -159,13 +106,14 @@ def step_doc(st, lazy: bool = False) -> dict:
     return d
 
 
-STREAM_ABOVE = 1 << 20  # scores: a larger trace's steps and arrays are written as computed
+STREAM_ABOVE = LONG  # scores: a larger trace's steps and arrays are written as computed
 
 
 def _steps(rep, t: int, lazy: bool = False):
-    """Trace t's steps as step_doc dicts: a list, or for a long trace Items made on demand."""
+    """Trace t's steps as step_doc dicts: a list, or for a long trace StepChunks made on
+    demand."""
     if rep.rows.size > STREAM_ABOVE:
-        return Items(lambda: (step_doc(st, lazy) for st in rep.iter_steps(t)))
+        return StepChunks(lambda: rep.iter_columns(t), lazy)
     return [step_doc(st, lazy) for st in rep.iter_steps(t)]
 
 
@@ -179,8 +127,27 @@ def _array(rep, name: str):
 def tile_doc(s) -> dict:
     """One K/V tile of attention's traced row (core.record.Step); o_head is O's first
     components after the tile, unnormalised; "skipped" is a tile the mask hides."""
-    return {"tile": s.block, "start": s.start, "stop": s.stop, "skipped": s.masked,
-            "tile_max": s.block_max, **_state(s), "o_head": s.o, "o_norm": s.o_norm}
+    doc = {"tile": s.block, "start": s.start, "stop": s.stop, "skipped": s.masked,
+           "tile_max": s.block_max, **_state(s), "o_head": s.o, "o_norm": s.o_norm}
+    if s.sink:  # not a tile: the sink (its logit in tile_max) joining the denominator
+        doc["sink"] = True
+    if s.pages is not None:
+        doc["pages"] = list(s.pages)
+    return doc
+
+
+def kernel_inputs_doc(res) -> dict:
+    """The kernels' inputs a run took (an Attention or Backward record); {} for a plain run."""
+    doc = {}
+    if getattr(res, "batch", ""):
+        doc["batch"] = res.batch
+    if getattr(res, "softcap", None) is not None:
+        doc["softcap"] = res.softcap
+    if getattr(res, "alibi", False):
+        doc["alibi"] = True
+    if getattr(res, "sinks", False):
+        doc["sinks"] = True
+    return doc
 
 
 def trace_doc(rep) -> dict:
@@ -230,6 +197,11 @@ def trace_doc(rep) -> dict:
                 "lse_forward_vs_tree": check.lse_tree,
             },
         )
+    if rep.softcap is not None:
+        doc["softcap"] = rep.softcap  # the steps and arrays are of the capped scores
+    if rep.sink is not None:
+        st = rep.sink_steps[0]
+        doc["sink"] = {"sink": rep.sink, **_state(st)}
     return doc
 
 
@@ -240,7 +212,7 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
         "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
         "scale": res.scale, "causal": res.causal, "causal_align": res.align,
         "window": None if res.window is None else list(res.window),
-        "mask": res.mask,
+        "mask": res.mask, **kernel_inputs_doc(res),
         "block_q": res.block_q, "block_k": res.block_k,
         "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
         "tiles_total": res.tiles_total, "rescales": res.rescales,
@@ -270,13 +242,17 @@ def attention_doc(rep) -> dict:
     return doc
 
 
+def rule_doc(r) -> dict | None:
+    """One rule (precision.rule.Rule): the error, plain attention's, the rounding term, the
+    bound and the verdict."""
+    return None if r is None else {
+        "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
+        "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
+
+
 def verdict_doc(v) -> dict:
     """A verdict (precision.Verdict): errors against float64 and FlashAttention's test rule."""
-    def rule(r):
-        return None if r is None else {
-            "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
-            "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
-
+    rule = rule_doc
     return {
         "dtype": v.dtype, "max_err_vs_fp64": v.err, "plain_max_err_vs_fp64": v.plain_err,
         "max_lse_err_vs_fp64": v.lse_err, "plain_max_lse_err_vs_fp64": v.plain_lse_err,
@@ -303,7 +279,61 @@ def check_doc(rep) -> dict:
         "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
         "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
         "hint": rep.hint or None,
+        **({"gradients": [grad_check_doc(g) for g in rep.grads],
+            "worst_gradient": rep.worst_grad.name, "passed": rep.passed} if rep.grads else {}),
     }
+
+
+def grad_check_doc(g) -> dict:
+    """One gradient judged (precision.gradcheck.GradCheck)."""
+    k = g.rule
+    terms = [f"{k.k_pt:g}*max|pt - ref|"] + (
+        [f"{k.k_round:g}*max|(ref + 0.3 - 0.3) - ref|"] if k.k_round else [])
+    rows = [{"batch": r.batch, "head": r.head, "row": r.query, "err": r.err, "ulps": r.ulps}
+            for r in g.rows]
+    return {
+        "gradient": g.name, "rule": f"max|{g.name} - ref| <= " + " + ".join(terms),
+        **rule_doc(k), "max_err_vs_fp64": g.err64, "plain_max_err_vs_fp64": g.plain_err64,
+        "model_max_err_vs_fp64": g.model_err, "rows_over_bound": g.rows_over,
+        "rows": g.total_rows, "worst_rows": rows, "worst_heads": [vars(h) for h in g.heads],
+    }
+
+
+def grad_step_doc(s) -> dict:
+    """One tile of a backward trace (core.record.GradStep)."""
+    return {k: v for k, v in vars(s).items() if v is not None}
+
+
+def backward_doc(rep) -> dict:
+    """osm backward --json (reports.backward.BackwardReport)."""
+    r = rep.result
+    b, h, i = r.traced
+    d = np.asarray(r.delta, dtype=np.float64)
+    doc = {
+        "shape_q": list(r.shape_q), "shape_k": list(r.shape_k), "shape_v": list(r.shape_v),
+        "scale": r.scale, "causal": r.causal, "causal_align": r.align,
+        "window": None if r.window is None else list(r.window), "mask": r.mask,
+        **kernel_inputs_doc(r), "own_forward": r.own_forward, "block_q": r.block_q,
+        "block_k": r.block_k,
+        "tiles_computed": r.tiles_computed, "tiles_skipped": r.tiles_skipped,
+        "tiles_total": r.tiles_total, "masked_rows": r.masked_rows,
+        "delta_min": float(d.min()) if d.size else None,
+        "delta_max": float(d.max()) if d.size else None,
+        "errors": rep.errors,
+        "traced": {"batch": b, "head": h, "query": i, "key": r.traced_key, "kv_head": r.kv_head},
+        "key_trace": [grad_step_doc(s) for s in r.key_trace],
+        "query_trace": [grad_step_doc(s) for s in r.query_trace],
+        "traced_rows": {n: np.asarray(x, dtype=np.float64) for n, x in rep.traced_rows.items()},
+        "reference_rows": rep.ref_rows,
+        **({} if r.dsink is None else {"dsink": r.dsink}),
+    }
+    if rep.model is not None:
+        doc["precision"] = {
+            "dtype": rep.model.name, "accum": rep.model.accum.name,
+            "model": rep.model.describe_backward(), "inputs": [vars(n) for n in rep.notes],
+            "gradients": [grad_check_doc(g) for g in rep.verdicts],
+        }
+    return doc
 
 
 def sweep_doc(res, name: str, accum: str) -> dict:
@@ -366,7 +396,8 @@ def cost_doc(c) -> dict:
 
 
 __all__ = [
-    "Items", "Pieces", "attention_doc", "attention_summary", "attention_sweep_doc", "check_doc",
+    "Pieces", "StepChunks", "attention_doc", "attention_summary", "attention_sweep_doc",
+    "backward_doc", "check_doc", "grad_check_doc",
     "cost_doc", "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc",
-    "tile_doc", "trace_doc", "verdict_doc", "write_json",
+    "tile_doc", "trace_doc", "verdict_doc",
 ]

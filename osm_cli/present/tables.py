@@ -11,41 +11,71 @@ from pathlib import Path
 import numpy as np
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import bytes_text, num, values
+from .format import Table, bytes_text, fit, num, values
 
 
-def overflow_tables(demo) -> Group:
-    """Three tables: exp of each value per dtype, softmax by each method, and the all −inf row."""
+def chunks(n: int, k: int) -> list[range]:
+    """0..n-1 in runs of k. Example: chunks(5, 2) -> [range(0, 2), range(2, 4), range(4, 5)]"""
+    return [range(i, min(i + k, n)) for i in range(0, n, k)]
+
+
+def overflow_tables(demo, width: int = 100) -> Group:
+    """Three tables: exp of each value per dtype, softmax by each method, and the all −inf row.
+
+    One column per value: where they do not fit `width`, the limits get a table of their own
+    and the values' columns are cut into as few tables as fit."""
     xs = demo.values
-    head = Table(
-        title=f"exp(x) in each dtype (x = {', '.join(f'{x:g}' for x in xs)})",
-        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
-    )
-    head.add_column("dtype")
-    head.add_column("largest finite", justify="right")
-    head.add_column("exp overflows above", justify="right")
-    head.add_column("exp underflows below", justify="right")
-    for x in xs:
-        head.add_column(f"exp({x:g})", justify="right")
-    for d in demo.rows:
-        head.add_row(
-            d.dtype, num(d.max_finite, 4), num(d.overflow_at, 6), num(d.underflow_at, 6),
-            *(num(e, 4) for e in d.exp),
-        )
-    soft = Table(title="softmax(x)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    soft.add_column("dtype")
-    soft.add_column("method")
-    for i in range(len(xs)):
-        soft.add_column(f"p[{i}]", justify="right")
-    for d in demo.rows:
-        if not d.fits:
-            continue
-        for method, p in (("naive", d.naive), ("stabilized", d.stable), ("online", d.online)):
-            soft.add_row(d.dtype if method == "naive" else "", method, *(num(v, 6) for v in p))
-        soft.add_section()
+    n = len(xs)
+    title = f"exp(x) in each dtype (x = {', '.join(f'{x:g}' for x in xs)})"
+
+    def limits_table(cols) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+        t.add_column("dtype", no_wrap=True)
+        for name in ("largest finite", "exp overflows\nabove", "exp underflows\nbelow"):
+            t.add_column(name, justify="right", no_wrap=True)
+        for j in cols:
+            t.add_column(f"exp({xs[j]:g})", justify="right", no_wrap=True)
+        for d in demo.rows:
+            t.add_row(d.dtype, num(d.max_finite, 4), num(d.overflow_at, 6),
+                      num(d.underflow_at, 6), *(num(d.exp[j], 4) for j in cols))
+        return t
+
+    def exp_table(cols) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("dtype", no_wrap=True)
+        for j in cols:
+            t.add_column(f"exp({xs[j]:g})", justify="right", no_wrap=True)
+        for d in demo.rows:
+            t.add_row(d.dtype, *(num(d.exp[j], 4) for j in cols))
+        return t
+
+    def heads(k: int | None) -> Group:  # k: exp columns per table; None: beside the limits
+        if k is None:
+            return Group(limits_table(range(n)))
+        return Group(limits_table(()), *(exp_table(c) for c in chunks(n, k)))
+
+    def softmax(k: int) -> Group:
+        tables = []
+        for c in chunks(n, k):
+            t = Table(title=None if tables else "softmax(x)", box=box.SIMPLE_HEAD,
+                      title_justify="left", pad_edge=False)
+            t.add_column("dtype", no_wrap=True)
+            t.add_column("method", no_wrap=True)
+            for i in c:
+                t.add_column(f"p[{i}]", justify="right", no_wrap=True)
+            for d in demo.rows:
+                if not d.fits:
+                    continue
+                for method, p in (("naive", d.naive), ("stabilized", d.stable),
+                                  ("online", d.online)):
+                    t.add_row(d.dtype if method == "naive" else "", method,
+                              *(num(p[i], 6) for i in c))
+                t.add_section()
+            tables.append(t)
+        return Group(*tables)
+
     masked = Table(
         title="a fully masked row, x = [-inf, -inf, -inf] (float32)",
         box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
@@ -55,51 +85,80 @@ def overflow_tables(demo) -> Group:
     masked.add_column("why", ratio=1)
     for method, p, why in demo.masked:
         masked.add_row(method, values(p, 6), why)
+    per_table = range(n, 0, -1)
     return Group(
-        head, Text(demo.overflow_note + "\n"), soft, Text(""), masked, Text(demo.masked_note)
+        *fit(heads, width, (None, *per_table), part=None).renderables,
+        Text(demo.overflow_note + "\n"), *fit(softmax, width, per_table, part=None).renderables,
+        Text(""), masked, Text(demo.masked_note)
     )
 
 
-def overflow_report(demo) -> Group:
-    """overflow-demo: its tables, then the values as each dtype holds them, if a dtype moved any."""
+def overflow_report(demo, width: int = 100) -> Group:
+    """overflow-demo: its tables, then the values as each dtype holds them, if a dtype moved any
+    (each fit to `width`)."""
     moved = any(not np.array_equal(r.held, demo.values) for r in demo.rows)
-    return Group(overflow_tables(demo), *([held_table(demo)] if moved else []))
+    held = [fit(lambda k: held_table(demo, k), width, range(len(demo.values), 0, -1),
+                part=None)] if moved else []
+    return Group(overflow_tables(demo, width), *held)
 
 
-def held_table(demo) -> Table:
-    """overflow-demo: the values as each dtype holds them (shown when a dtype moved them)."""
-    t = Table(title="x as each dtype holds it", box=box.SIMPLE_HEAD, title_justify="left",
-              pad_edge=False)
-    t.add_column("dtype")
-    for i in range(len(demo.values)):
-        t.add_column(f"x[{i}] = {demo.values[i]:g}", justify="right")
-    for d in demo.rows:
-        t.add_row(d.dtype, *(num(x, 6) for x in d.held))
-    return t
+def held_table(demo, per_table: int | None = None) -> Group:
+    """overflow-demo: the values as each dtype holds them (shown when a dtype moved them), in
+    tables of `per_table` values (default: all in one)."""
+    n = len(demo.values)
+    tables = []
+    for c in chunks(n, per_table or n):
+        t = Table(title=None if tables else "x as each dtype holds it", box=box.SIMPLE_HEAD,
+                  title_justify="left", pad_edge=False)
+        t.add_column("dtype", no_wrap=True)
+        for i in c:
+            t.add_column(f"x[{i}] = {demo.values[i]:g}", justify="right", no_wrap=True)
+        for d in demo.rows:
+            t.add_row(d.dtype, *(num(d.held[i], 6) for i in c))
+        tables.append(t)
+    return Group(*tables)
 
 
-def merge_table(names: Sequence[tuple[str, str]], rep) -> Group:
+def merge_table(names: Sequence[tuple[str, str]], rep, width: int = 100) -> Group:
     """osm merge (merge.MergeReport): one row per split (empty rows, LSE and weight ranges, the
-    chosen row), then the merged result; names are the (O, LSE) file pairs."""
-    stats, merged, row = rep.stats, rep.merged, rep.row
-    base = "log2" if merged.lse_base == "2" else "natural log"
+    chosen row), then the merged result; names are the (O, LSE) file pairs. Where the table does
+    not fit `width`, the files are listed above it, then its numbers get fewer digits."""
+    table = fit(lambda v: _merge_splits(names, rep, *v), width,
+                ((True, 8, 5), (False, 8, 5), (False, 6, 4), (False, 5, 3)), part=None)
+    return Group(*table.renderables, _merged_summary(rep))
+
+
+def _merge_splits(names, rep, files_column: bool, d: int, dr: int) -> Group:
+    stats, row = rep.stats, rep.row
+    base = "log2" if rep.merged.lse_base == "2" else "natural log"
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
               title=f"splits (LSE in {base}; weight = exp(LSE_s − L), L = logsumexp LSE_s)")
     for name in ("split", "files O, LSE", "empty rows", "+inf", "LSE range", "weight range",
                  f"row {row}: LSE_s", "weight"):
-        t.add_column(name, justify="left" if name.startswith("files") else "right",
-                     no_wrap=not name.startswith("files"))
-    for st, (o_name, l_name), row_lse, row_w in zip(stats, names, rep.row_lses, rep.row_weights,
-                                                    strict=True):
+        if files_column or not name.startswith("files"):
+            t.add_column(name, justify="left" if name.startswith("files") else "right",
+                         no_wrap=not name.startswith("files"))
+    files = [f"{Path(o_name).name}, {Path(l_name).name}" for o_name, l_name in names]
+    for st, file, row_lse, row_w in zip(stats, files, rep.row_lses, rep.row_weights,
+                                        strict=True):
         if st.empty < st.rows:
-            lse_range = Text.assemble(num(st.lse_min, 5), " … ", num(st.lse_max, 5))
-            w_range = Text.assemble(num(st.weight_min, 4), " … ", num(st.weight_max, 4))
+            lse_range = Text.assemble(num(st.lse_min, dr), " … ", num(st.lse_max, dr))
+            w_range = Text.assemble(num(st.weight_min, dr - 1), " … ", num(st.weight_max, dr - 1))
         else:
             lse_range = w_range = Text("all empty", style="dim")
         t.add_row(
-            str(st.split), f"{Path(o_name).name}, {Path(l_name).name}", f"{st.empty}/{st.rows}",
-            str(st.pos_inf), lse_range, w_range, num(row_lse, 8), num(row_w, 8),
+            str(st.split), *([file] if files_column else []), f"{st.empty}/{st.rows}",
+            str(st.pos_inf), lse_range, w_range, num(row_lse, d), num(row_w, d),
         )
+    if files_column:
+        return Group(t)
+    listed = "\n".join(f"split {st.split}: {file}" for st, file in zip(stats, files, strict=True))
+    return Group(Text(listed), t)
+
+
+def _merged_summary(rep) -> Text:
+    merged, row = rep.merged, rep.row
+    base = "log2" if merged.lse_base == "2" else "natural log"
     live = merged.lse[np.isfinite(merged.lse)]
     summary = Text.assemble(
         f"merged: O {tuple(merged.out.shape)}, LSE {tuple(merged.lse.shape)} ({base}); ",
@@ -107,7 +166,7 @@ def merge_table(names: Sequence[tuple[str, str]], rep) -> Group:
         *((";\nLSE range ", num(live.min(), 8), " … ", num(live.max(), 8)) if live.size else ()),
         f"\nrow {row}: L = ", num(rep.row_lse, 10), ", O[:4] = ", values(rep.row_out, 8, 4),
     )
-    return Group(t, summary)
+    return summary
 
 
 def attention_sweep_about(result, shapes, opts, accum: str) -> str:
@@ -121,12 +180,13 @@ def attention_sweep_about(result, shapes, opts, accum: str) -> str:
             f"forward at each block_k (state in {accum})")
 
 
-def sweep_table(result, source: str, about: str | None = None) -> Group:
+def sweep_table(result, source: str, about: str | None = None, width: int = 100) -> Group:
     """osm sweep: per block size the measured error and rescales beside the modelled costs.
 
     about: for a Q/K/V sweep, the lines that describe the run (shapes, mask, state dtype); the
     error is then of O, the tiles are computed or skipped, and when the mask skipped tiles a
-    column gives FA1's block-sparse traffic in place of the std/tiled ratio.
+    column gives FA1's block-sparse traffic in place of the std/tiled ratio. Where the table
+    does not fit `width`, its headers take two lines.
     """
     r = result
     qkv = about is not None
@@ -142,22 +202,20 @@ def sweep_table(result, source: str, about: str | None = None) -> Group:
         f"B_c = {r.fa1_block[1]})\nstandard attention, forward: {bytes_text(r.hbm_standard)} "
         "of HBM traffic (model)"
     )
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     names = ("block", "tiles", "skipped" if qkv else "masked", "rescales",
              "max |O−ref|" if qkv else "max |p−ref|", "max |ΔLSE|", "tile bytes", "fits",
              "HBM tiled", "HBM skip" if sparse else "std/tiled")
-    for name in names:
-        t.add_column(name, justify="right", no_wrap=True)
-    for row in r.rows:
-        m = row.measure
-        last = (bytes_text(row.hbm_skipping) if sparse else
-                f"{r.hbm_standard / row.hbm_flash:.3g}×")
-        t.add_row(
-            str(row.block), str(m.tiles), str(m.skipped), str(m.rescales), num(m.max_error, 3),
-            num(m.lse_error, 3), bytes_text(row.tile_bytes, True),
-            Text("yes", style="green") if row.fits else Text("no", style="bold red"),
-            bytes_text(row.hbm_flash), last,
-        )
+
+    def table(v) -> Group:  # narrower: headers on two lines at their space, one space between
+        two_lines, gap = v
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  padding=(0, 1) if gap == 2 else (0, 0))
+        for name in names:
+            t.add_column(name.replace(" ", "\n", 1) if two_lines else name, justify="right",
+                         no_wrap=True)
+        _sweep_rows(t, r, sparse)
+        return Group(t)
+
     what = ("skipped: tiles the mask hides entirely, not computed (tiles counted per head)."
             if qkv else "masked: tiles whose scores are all -inf (a kernel with the mask skips "
             "them).")
@@ -169,7 +227,21 @@ def sweep_table(result, source: str, about: str | None = None) -> Group:
         f"(Algorithms 0 and 1), not a measurement.{skip}",
         style="dim",
     )
-    return Group(head, t, note)
+    return Group(head, *fit(table, width, ((False, 2), (True, 2), (True, 1)), part=0).renderables,
+                 note)
+
+
+def _sweep_rows(t: Table, r, sparse: bool) -> None:
+    for row in r.rows:
+        m = row.measure
+        last = (bytes_text(row.hbm_skipping) if sparse else
+                f"{r.hbm_standard / row.hbm_flash:.3g}×")
+        t.add_row(
+            str(row.block), str(m.tiles), str(m.skipped), str(m.rescales), num(m.max_error, 3),
+            num(m.lse_error, 3), bytes_text(row.tile_bytes, True),
+            Text("yes", style="green") if row.fits else Text("no", style="bold red"),
+            bytes_text(row.hbm_flash), last,
+        )
 
 
 def cost_table(c) -> Group:

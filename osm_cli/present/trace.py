@@ -13,37 +13,49 @@ from dataclasses import replace
 import numpy as np
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import VALUES_UP_TO, agreement, arrow, elided, fill, fit, num, values
+from .format import VALUES_UP_TO, Table, agreement, arrow, elided, fill, fit, num, values
 from .stepmode import frame
 from .verdicts import rounding_text
+
+# step_table's variants, tried in order until one fits: (digits, the values column, m and l
+# as "before → after"); the narrowest show m and l after each block (the row above holds before)
+STEP_VARIANTS = (
+    (8, True, True), (7, True, True), (6, True, True), (8, False, True), (7, False, True),
+    (6, False, True), (5, False, True), (7, False, False), (6, False, False), (5, False, False),
+    (4, False, False),
+)
 
 
 def step_table(trace, show_all: bool = False, width: int = 100) -> Group:
     """One row per block: what entered, and the state (m, α, l) before → after.
 
-    Numbers get 8 significant digits, or as many fewer (down to 5) as it takes to fit `width`.
+    Numbers get 8 significant digits; to fit `width`, fewer (down to 6), then without the
+    block's values, then fewer still and m and l shown after each block only.
     """
-    return fit(lambda d: _step_table(trace, show_all, d), width)
+    return fit(lambda v: _step_table(trace, show_all, *v), width, STEP_VARIANTS)
 
 
-def _step_table(trace, show_all: bool, d: int) -> Group:
+def _step_table(trace, show_all: bool, d: int, with_values: bool = True,
+                arrows: bool = True) -> Group:
     merge = trace.form == "merge"
-    show_values = trace.block <= VALUES_UP_TO and not merge  # merge is the wider table
+    # merge is the wider table
+    show_values = with_values and trace.block <= VALUES_UP_TO and not merge
     title = (
         "form merge: each block's own m⁽ᵏ⁾ and l⁽ᵏ⁾ = Σ exp(s − m⁽ᵏ⁾), then\n"
         "m = max(m, m⁽ᵏ⁾), α = exp(m_old − m), w = exp(m⁽ᵏ⁾ − m), l = l·α + l⁽ᵏ⁾·w"
         if merge
         else "form rescale: m = max(m, block max), α = exp(m_old − m), l = l·α + Σ exp(s − m)"
     )
+    if not arrows:
+        title += "\nm and l after each block (the row above holds their values before it)"
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     num_col = {"justify": "right", "no_wrap": True}
     t.add_column("#", **num_col)
     t.add_column("keys", **num_col)
-    if show_values:  # first few scores of the block; this column wraps before numbers shrink
-        t.add_column("values", no_wrap=True, max_width=18)
+    if show_values:  # first few scores of the block, as many as fit in 18 columns
+        t.add_column("values", no_wrap=True)
     if merge:
         t.add_column("m⁽ᵏ⁾", **num_col)
         t.add_column("l⁽ᵏ⁾", **num_col)
@@ -60,7 +72,7 @@ def _step_table(trace, show_all: bool, d: int) -> Group:
     def row(i):
         s = steps[i] if i < half else steps[len(steps) - (n - i)]
         cells = [str(s.block), f"{s.start}:{s.stop}"]
-        cells += [values(s.values)] if show_values else []
+        cells += [values(s.values, width=18)] if show_values else []
         if merge:
             cells += [num(s.block_m, d), num(s.block_l, d)]
         else:
@@ -70,10 +82,10 @@ def _step_table(trace, show_all: bool, d: int) -> Group:
             alpha.stylize("bold yellow")
         if s.lazy_skipped:  # lazy rescale: the block max passed m, m was kept
             alpha.append(" skip", style="magenta")
-        cells += [arrow(s.m_prev, s.m, d), alpha]
+        cells += [arrow(s.m_prev, s.m, d) if arrows else num(s.m, d), alpha]
         if merge:
             cells += [num(s.block_weight, d)]
-        cells += [arrow(s.l_prev, s.l, d)]
+        cells += [arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)]
         return cells
 
     return Group(Text(title), fill(t, n, row, show_all))
@@ -99,18 +111,26 @@ def element_table(scores, online, stable, naive, show_all: bool = False, width: 
                   index: Sequence[int] | None = None, n: int | None = None) -> Group:
     """Per-element probabilities: online, one-shot stabilized, naive, and their difference.
 
-    Probabilities get 12 significant digits, or fewer (down to 6) as it takes to fit `width`.
+    Probabilities get 12 significant digits, or fewer (down to 6) as it takes to fit `width`,
+    the scores 10 (down to 6), and the narrowest leaves out the naive column (a note says so).
     For a long row the arrays may hold only the elements shown: `index` gives their places in
     the row and n its length.
     """
-    return fit(lambda d: Group(_element_table(scores, online, stable, naive, show_all, d, index,
-                                              n)), width, (12, 10, 8, 6), part=0)
+    return fit(lambda v: _element_table(scores, online, stable, naive, show_all, index, n, *v),
+               width, ELEMENT_VARIANTS, part=0)
 
 
-def _element_table(scores, online, stable, naive, show_all: bool, d: int, index, n) -> Table:
+# element_table's variants, tried in order: (digits of p, digits of the score, naive p shown)
+ELEMENT_VARIANTS = ((12, 10, True), (10, 10, True), (8, 10, True), (8, 8, True), (6, 8, True),
+                    (6, 6, True), (8, 8, False), (6, 6, False), (5, 5, False))
+
+
+def _element_table(scores, online, stable, naive, show_all: bool, index, n, d: int,
+                   ds: int = 10, with_naive: bool = True) -> Group:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("i", "score", "online p", "stabilized p", "naive p", "|online−stab|", "ulps"):
-        t.add_column(name, justify="right")
+        if name != "naive p" or with_naive:
+            t.add_column(name, justify="right", no_wrap=True)
     diff = np.abs(online - stable)
     with np.errstate(divide="ignore", invalid="ignore"):
         ulps = np.where(diff == 0, 0.0, diff / np.spacing(np.abs(stable)))
@@ -119,11 +139,14 @@ def _element_table(scores, online, stable, naive, show_all: bool, d: int, index,
     def row(i):
         k = at[i]
         return [
-            str(i), num(scores[k], 10), num(online[k], d), num(stable[k], d),
-            num(naive[k], 6), num(diff[k], 3), num(ulps[k], 3),
+            str(i), num(scores[k], ds), num(online[k], d), num(stable[k], d),
+            *([num(naive[k], 6)] if with_naive else []), num(diff[k], 3), num(ulps[k], 3),
         ]
 
-    return fill(t, len(scores) if n is None else n, row, show_all)
+    table = fill(t, len(scores) if n is None else n, row, show_all)
+    if with_naive:
+        return Group(table)
+    return Group(table, Text("(naive p left out at this width: --json has it)", style="dim"))
 
 
 def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
@@ -140,10 +163,23 @@ def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
 
 def trace_heads(rep, name: str) -> list:
     """What comes before osm trace's step tables (report.TraceReport): the header, and what a
-    lazy threshold does."""
+    lazy threshold and a softcap do."""
     n_rows, n = np.atleast_2d(rep.scores).shape
     heads = [trace_header(name, n_rows, n, rep.row, rep.block)]
+    if rep.softcap is not None:
+        c = f"{rep.softcap:g}"
+        heads.append(Text(f"softcap {c}: every score s became {c}·tanh(s/{c}) first; the "
+                          "tables show the capped scores"))
     return heads + ([lazy_note(rep.threshold)] if rep.threshold else [])
+
+
+def sink_line(st, sink: float) -> Text:
+    """The sink joining the denominator after the last block: a score σ of value 0."""
+    return Text.assemble(
+        "sink σ = ", num(sink, 8), ": a score whose value is 0, merged after the last block:\n",
+        "m = ", arrow(st.m_prev, st.m), ", α = ", num(st.alpha), ", l = l·α + exp(σ − m) = ",
+        arrow(st.l_prev, st.l), "\n(l now exceeds the scores' own Σ exp(s − m); the "
+        "probabilities sum to ", num(st.l_prev * st.alpha / st.l, 8), ")")
 
 
 def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
@@ -151,10 +187,11 @@ def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
     the references, every row, and the lazy and order checks asked for."""
     t, row = rep.trace, rep.row
     m, l, lse = (np.atleast_1d(a) for a in (t.m, t.l, t.lse))
-    parts: list = [final_line(m[row], l[row], lse[row])]
+    parts: list = [] if rep.sink is None else [sink_line(rep.sink_steps[0], rep.sink)]
+    parts.append(final_line(m[row], l[row], lse[row]))
     if rep.in_dtype:
         lt = rep.in_dtype[0]
-        return Group(*parts, dtype_elements(rep.scores, lt, row, show_all),
+        return Group(*parts, dtype_elements(rep.scores, lt, row, show_all, width),
                      dtype_trace_note(lt, row))
     if rep.forms_diff is not None:
         parts.append(agreement("rescale vs merge", rep.forms_diff))
@@ -246,26 +283,54 @@ def dtype_trace_note(lt, row: int) -> Text:
     return Text.assemble(*parts)
 
 
-def dtype_elements(scores, lt, row: int, show_all: bool = False) -> Table:
-    """Per element: the score as given and as the dtype holds it, p, the float64 p, naive p."""
+# dtype_elements' variants, tried in order: (digits of the score and float64 p, of the values
+# held in the dtype, naive p shown, the notes in a column (else in a line under the table))
+DTYPE_VARIANTS = ((10, 8, True, True), (8, 8, True, True), (8, 6, True, True), (6, 6, True, True),
+                  (8, 6, False, True), (6, 6, False, True), (6, 6, False, False),
+                  (5, 5, False, False), (4, 4, False, False))
+
+
+def dtype_elements(scores, lt, row: int, show_all: bool = False, width: int = 100) -> Group:
+    """Per element: the score as given and as the dtype holds it, p, the float64 p, naive p;
+    fewer digits, then no naive column, then the notes under the table, to fit `width`."""
+    return fit(lambda v: _dtype_elements(scores, lt, row, show_all, *v), width, DTYPE_VARIANTS,
+               part=0)
+
+
+def _dtype_elements(scores, lt, row: int, show_all: bool, dx: int, dh: int, with_naive: bool,
+                    note_column: bool) -> Group:
     m = lt.model
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for c in ("i", "score", f"in {m.name}", "online p", "float64 p", "naive p", "|p − p64|",
-              "ulps", ""):
-        t.add_column(c, justify="right" if c else "left")
+              "ulps"):
+        if c != "naive p" or with_naive:
+            t.add_column(c, justify="right", no_wrap=True)
+    if note_column:
+        t.add_column("", justify="left")
     s, held = np.atleast_2d(scores)[row], np.atleast_2d(lt.scores)[row]
     p, exact = np.atleast_2d(lt.probabilities)[row], np.atleast_2d(lt.exact)[row]
     naive, ulps = np.atleast_2d(lt.naive)[row], np.atleast_2d(lt.ulps)[row]
 
-    def cells(i):
-        note = ""
+    def note(i) -> Text | str:
         if np.isfinite(s[i]) and not np.isfinite(held[i]):
-            note = Text("overflow → " + ("inf" if np.isinf(held[i]) else "nan"), style="bold red")
-        elif s[i] != 0 and held[i] == 0:
-            note = Text("underflow → 0", style="yellow")
-        elif p[i] == 0 and exact[i] > 0:
-            note = Text("p underflows to 0", style="yellow")
-        return [str(i), num(s[i], 10), num(held[i], 8), num(p[i], 8), num(exact[i], 10),
-                num(naive[i], 6), num(abs(p[i] - exact[i]), 3), num(ulps[i], 3), note]
+            return Text("overflow → " + ("inf" if np.isinf(held[i]) else "nan"), style="bold red")
+        if s[i] != 0 and held[i] == 0:
+            return Text("underflow → 0", style="yellow")
+        if p[i] == 0 and exact[i] > 0:
+            return Text("p underflows to 0", style="yellow")
+        return ""
 
-    return fill(t, len(s), cells, show_all)
+    def cells(i):
+        return [str(i), num(s[i], dx), num(held[i], dh), num(p[i], dh), num(exact[i], dx),
+                *([num(naive[i], 6)] if with_naive else []), num(abs(p[i] - exact[i]), 3),
+                num(ulps[i], 3), *([note(i)] if note_column else [])]
+
+    table = fill(t, len(s), cells, show_all)
+    under: list = [] if with_naive else ["naive p left out at this width (--json has it)"]
+    if not note_column:  # each note with the shown elements it is about
+        notes: dict[str, list[str]] = {}
+        for i in (i for i in elided(len(s), show_all) if i is not None):
+            if (n := note(i)):
+                notes.setdefault(n.plain, []).append(str(i))
+        under += [f"{what}: i = {', '.join(where)}" for what, where in notes.items()]
+    return Group(table, *([Text("; ".join(under), style="dim")] if under else []))

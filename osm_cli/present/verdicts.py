@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from .format import kv_table, num, pass_fail
+from .format import Table, kv_table, num, pass_fail
 
 
 def rounding_text(notes) -> Text:
@@ -28,11 +27,17 @@ def rounding_text(notes) -> Text:
     return Text.assemble(*parts)
 
 
-def _rule_text(r, what: str = "out") -> Text:
+def rule_text(r, what: str = "out") -> Text:
+    """'max|what − ref| = e ≤ k·pt + k·rounding = bound  PASS' (the terms the rule has)."""
+    terms: list = []
+    for k, x in ((r.k_pt, r.pt_err), (r.k_round, r.rounding)):
+        if k:
+            terms += [" + " if terms else "", f"{k:g}·", num(x, 3)]
+    if r.k_abs:
+        terms += [" + " if terms else "", num(r.k_abs, 3)]
     line = Text.assemble(
-        f"max|{what} − ref| = ", num(r.err, 3), " ≤ 2·" if r.passed else " > 2·",
-        num(r.pt_err, 3), " + 2·",
-        num(r.rounding, 3), " = ", num(r.bound, 3), "  ", pass_fail(r.passed),
+        f"max|{what} − ref| = ", num(r.err, 3), " ≤ " if r.passed else " > ", *terms,
+        " = ", num(r.bound, 3), "  ", pass_fail(r.passed),
     )
     if r.note:
         line.append(f"  ({r.note})", style="yellow")
@@ -47,13 +52,13 @@ def _verdict_rows(v, model_err: float | None = None, label: str = "this run") ->
         rows.append(("max |O − ref64|, osm flash model", Text.assemble(num(model_err, 3), rel)))
     rows += [
         (f"max |O − ref64|, plain {v.dtype}", Text.assemble(num(v.plain_err, 3), ratio)),
-        ("FlashAttention test rule", _rule_text(v.rule)),
+        ("FlashAttention test rule", rule_text(v.rule)),
     ]
     if v.lse is not None:
         rows += [
             ("max |LSE − ref64|", Text.assemble(num(v.lse_err, 3), "  (plain ",
                                                 num(v.plain_lse_err, 3), ")")),
-            ("LSE rule", _rule_text(v.lse, "lse")),
+            ("LSE rule", rule_text(v.lse, "lse")),
         ]
     return rows
 
@@ -95,7 +100,44 @@ def check_report(rep, name: str, top: int) -> Group:
     parts = [head, t, rows, heads]
     if rep.hint:
         parts.append(Text(rep.hint, style="yellow"))
+    if rep.grads:
+        parts += grads_report(rep, top)
     return Group(*parts)
+
+
+def grads_report(rep, top: int) -> list:
+    """osm check's gradients: each one's errors and rule, then the worst gradient's rows."""
+    v = rep.verdict
+    rows = []
+    for g in rep.grads:
+        model = []
+        if g.model_err is not None:
+            model = ["  (osm's FA2 model ", num(g.model_err, 3), ")"]
+        rows += [(f"max |{g.label} − ref64|", Text.assemble(
+                     num(g.err64, 3), "  (plain ", num(g.plain_err64, 3), ")", *model)),
+                 (f"{g.label} rule", rule_text(g.rule, g.label)),
+                 (f"{g.label} rows over", f"{g.rows_over} of {g.total_rows}")]
+    w = rep.worst_grad
+    rows.append(("verdict, all", pass_fail(rep.passed)))
+    t = kv_table(rows)
+    what = "query" if w.name == "dq" else "key"
+    worst = Table(title=f"worst {min(top, len(w.rows))} rows of {w.label} (nearest its bound)",
+                  box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in ("batch", "head", what, f"max |{w.label} − ref|", "ulps"):
+        worst.add_column(c, justify="right")
+    for r in w.rows:
+        err = num(r.err, 3)
+        if r.err > w.rule.bound:
+            err.style = "bold red"
+        worst.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3))
+    heads = Table(title=f"worst heads of {w.label}", box=box.SIMPLE_HEAD, title_justify="left",
+                  pad_edge=False)
+    for c in ("batch", "head", f"max |{w.label} − ref|", "rows over the bound"):
+        heads.add_column(c, justify="right")
+    for h in w.heads:
+        heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
+    return [Text(f"gradients, judged as {v.dtype} against the float64 gradients of the "
+                 f"{v.dtype}-rounded Q, K, V, dO"), t, worst, heads]
 
 
 def fail_line(rep) -> str:
@@ -110,4 +152,11 @@ def fail_line(rep) -> str:
         r = v.lse
         parts.append(f"max|lse − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
                      f"{r.bound:.3g}")
+    for g in rep.grads:
+        if not g.rule.passed:
+            r = g.rule
+            h = g.heads[0] if g.heads else None
+            where = f", worst head {h.head} of batch {h.batch}" if h else ""
+            parts.append(f"max|{g.label} − ref| = {r.err:.3g} > {r.bound:.3g}; {g.rows_over} of "
+                         f"{g.total_rows} rows over the bound{where}")
     return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")

@@ -16,10 +16,12 @@ import numpy as np
 
 from osm_cli.attention.forward import Attention, ScoreOptions, Tiling
 from osm_cli.attention.options import default_blocks
+from osm_cli.attention.packed import plan_packing, traced_row
 from osm_cli.attention.reference import errors, reference
 from osm_cli.attention.shapes import as_bhnd, row_of
 from osm_cli.attention.split import SplitRun, split_kv
 from osm_cli.core.reference import max_abs_diff
+from osm_cli.errors import OsmError
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.model import Model, hooks_for, judge_run, run, storable
 from osm_cli.precision.rule import Verdict
@@ -81,6 +83,9 @@ def attention_report(
     (forward, reverse, shuffle with `seed`) is the order to visit the K/V tiles in; splits also
     runs split-KV with that many chunks; progress(done, total) is called as Q tiles finish.
     """
+    if opts.packing.active and (splits is not None or order != "forward"):
+        raise OsmError("--splits and --order run on one dense batch; a varlen or paged batch "
+                       "runs its sequences one by one")
     hooks = hooks_for(model, splits)
     run_kw = {**run_kw, "opts": opts, "hooks": hooks}
     tiles = _tile_order(q, k, order, seed, tiling.block_k, opts.layout)
@@ -96,7 +101,10 @@ def attention_report(
         return AttentionReport(res, model, notes, split, baseline=base)
     ref_out, ref_lse = reference(q, k, v, opts)
     errs = errors(res, ref_out, ref_lse)
-    ref_row = row_of(ref_out, res.traced, opts.layout)
+    if opts.packing.active:
+        ref_row = traced_row(plan_packing(q, k, v, opts.packing), ref_out, res.traced)
+    else:
+        ref_row = row_of(ref_out, res.traced, opts.layout)
     verdict = None
     if model is not None:
         verdict = judge_run(model, res, ref_out, ref_lse, q, k, v, opts)

@@ -6,7 +6,8 @@ differences, the lazy vs eager report and the forward / order / tree check.
 A long trace is never held whole: the report keeps the traced row's first and last steps
 (keep) and, per row, what the one-shot references subtract and divide by (RowStats); the
 probabilities and references are computed a piece at a time (`piece`, `elements`) and the
-steps made again when all are needed (`iter_steps`), so memory stays that of the state and one
+steps made again when all are needed (`iter_steps`, or `iter_columns` a chunk of columns at a
+time, through core/fastfold.py for a plain trace), so memory stays that of the state and one
 piece. The lazy, order and --dtype checks compare whole runs and hold them in memory.
 
 Leaves out: the algorithms themselves (core/, studies/, precision/), files (io/), tables and
@@ -23,9 +24,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from osm_cli.core.fold import Folding, Trace, online_softmax
-from osm_cli.core.record import Step
+from osm_cli.core.record import Step, StepColumns
 from osm_cli.core.reference import naive_from, naive_total, softmax_stats, stable_from
-from osm_cli.core.state import FORMS, State, probabilities
+from osm_cli.core.state import FORMS, State, finalize, probabilities, with_sink
+from osm_cli.errors import OsmError
 from osm_cli.studies.lazy import LazyReport, lazy_report
 from osm_cli.studies.order import OrderCheck, block_order, order_check
 
@@ -95,6 +97,9 @@ class TraceReport:
     eager: Trace | None = None  # with a threshold: the eager (τ = 0) trace
     check: OrderCheck | None = None  # with an order: forward vs that order vs a tree merge
     in_dtype: tuple = ()  # under a dtype: precision.lowtrace.LowTrace per form (traces are theirs)
+    softcap: float | None = None  # the scores were capped: s → C·tanh(s/C) (scores holds them)
+    sink: float | None = None  # a sink logit joined every row's denominator after the last block
+    sink_steps: tuple[Step, ...] = ()  # per trace: the traced row's sink step (block −1)
 
     @property
     def trace(self) -> Trace:
@@ -173,12 +178,24 @@ class TraceReport:
 
     def iter_steps(self, t: int = 0) -> Iterator[Step]:
         """Every step of trace t: the ones kept, or (when only the ends were kept) all of them
-        made again, one at a time."""
+        made again, a chunk at a time."""
         tr = self.traces[t]
         if tr.step_count == len(tr.steps):
             yield from tr.steps
             return
-        yield from Folding(self.scores, self.block, tr.form, row=self.row)
+        run = Folding(self.scores, self.block, tr.form, row=self.row)
+        for cols in run.columns():
+            yield from run.records(cols)
+
+    def iter_columns(self, t: int = 0, batch: int = 4096) -> Iterator[StepColumns]:
+        """Every step of trace t as StepColumns, a chunk at a time: the ones kept, or (when
+        only the ends were kept) all of them made again (core.fastfold for a plain trace)."""
+        tr = self.traces[t]
+        if tr.step_count == len(tr.steps):
+            for a in range(0, len(tr.steps), batch):
+                yield StepColumns.from_steps(tr.steps[a:a + batch])
+            return
+        yield from Folding(self.scores, self.block, tr.form, row=self.row).columns()
 
 
 def _max_diffs(rep: TraceReport) -> tuple[np.ndarray, float | None]:
@@ -195,10 +212,42 @@ def _max_diffs(rep: TraceReport) -> tuple[np.ndarray, float | None]:
     return diff, forms
 
 
+def capped(scores: np.ndarray, softcap: float) -> np.ndarray:
+    """Scores through softcap·tanh(s / softcap); a masked −inf stays −inf (the kernels cap
+    before they mask, docs/numerics.md#softcap). Example: capped([0., -inf], 2) -> [0, -inf]"""
+    s = np.asarray(scores, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isneginf(s), -np.inf, softcap * np.tanh(s / softcap))
+
+
+def _with_sink(traces: tuple, stats: RowStats, sink: float, row: int, scores: np.ndarray):
+    """Each trace's final state with the sink joined (core.state.with_sink), its traced row's
+    sink Step, and the references' statistics with the sink as one more score of value 0."""
+    out, steps = [], []
+    for tr in traces:
+        m0, l0 = np.atleast_1d(tr.m), np.atleast_1d(tr.l)
+        new, alpha = with_sink(State(m0, l0), np.full(m0.shape, sink))
+        lse, _ = finalize(new)
+        one = np.ndim(tr.m) == 0
+        pick = (lambda a: a[0]) if one else (lambda a: a)
+        steps.append(Step(-1, 0, 0, sink, float(m0[row]), float(new.m[row]), float(alpha[row]),
+                          float(l0[row]), float(new.l[row]), sink=True))
+        probs = None
+        if tr.probabilities is not None:  # made again against the denominator with the sink
+            probs = pick(probabilities(np.atleast_2d(scores), new))
+        out.append(replace(tr, m=pick(new.m), l=pick(new.l), lse=pick(lse), probabilities=probs))
+    m = np.maximum(stats.m, sink)
+    with np.errstate(over="ignore"):
+        total = stats.total * np.exp(stats.m - m) + np.exp(sink - m)
+        naive = stats.naive + np.exp(sink)
+    return tuple(out), RowStats(m, total, naive), tuple(steps)
+
+
 def trace_report(
     scores: np.ndarray, block: int = 2, form: str = "rescale", *, row: int = 0,
     order: str | None = None, seed: int = 0, threshold: float = 0.0, dtype: str | None = None,
-    precision: str | None = None, keep: int | None = None,
+    precision: str | None = None, keep: int | None = None, softcap: float | None = None,
+    sink: float | None = None,
 ) -> TraceReport:
     """Run online softmax over `scores` in `form` (rescale, merge or both) and check it.
 
@@ -206,9 +255,17 @@ def trace_report(
     order check; threshold τ > 0 runs the lazy rescale and adds the lazy vs eager report; dtype
     (a name) runs it on the scores rounded to that dtype instead, the state held as `precision`
     (flash, the default, or naive) holds it. keep=K keeps only the first and last K steps of
-    a plain trace (no order, threshold or dtype): iter_steps makes all of them again.
+    a plain trace (no order, threshold or dtype): iter_steps and iter_columns make all of them
+    again. softcap caps the scores first; sink joins every row's denominator after the last
+    block (docs/numerics.md#softcap, #sinks).
     """
     forms = FORMS if form == "both" else (form,)
+    if dtype is not None and (softcap is not None or sink is not None):
+        raise OsmError("--softcap and --sink trace the float64 state; with --dtype osm models "
+                       "a kernel's rounding of plain scores only (osm attention --dtype takes "
+                       "both)")
+    if softcap is not None:
+        scores = capped(scores, softcap)
     if dtype is not None:
         # precision/ imports ml_dtypes (about 0.8 s): only a trace in a dtype pays for it
         from osm_cli.precision.lowtrace import trace_in
@@ -233,8 +290,13 @@ def trace_report(
     if order is not None:
         check = order_check(scores, block, traces[0].form, order, seed, threshold,
                             chosen=traces[0])
-    rep = TraceReport(scores, block, form, row, traces, row_stats(np.atleast_2d(scores)),
-                      np.zeros(0), None, order, seed, threshold, lazy, eager, check)
+    stats = row_stats(np.atleast_2d(scores))
+    sink_steps: tuple = ()
+    if sink is not None:
+        traces, stats, sink_steps = _with_sink(traces, stats, float(sink), row, scores)
+    rep = TraceReport(scores, block, form, row, traces, stats, np.zeros(0), None, order, seed,
+                      threshold, lazy, eager, check, softcap=softcap, sink=sink,
+                      sink_steps=sink_steps)
     diff, forms_diff = _max_diffs(rep)
     return replace(rep, max_diff=diff, forms_diff=forms_diff)
 

@@ -20,7 +20,7 @@ from osm_cli.core.reference import max_abs_diff
 from osm_cli.core.state import finalize
 from osm_cli.errors import InputError
 
-ORDERS = ("forward", "reverse", "shuffle")
+from .names import ORDERS
 
 
 def block_order(count: int, order: str = "forward", seed: int = 0) -> np.ndarray:

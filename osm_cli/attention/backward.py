@@ -1,0 +1,362 @@
+"""Tiled attention backward in FlashAttention-2's loop order (FA2 §3.1, Algorithm 2), with the
+traces of one key row and one query row.
+
+plan → tile loop → assemble, as the forward. The forward's plan (plan.py: inputs grouped by
+kv head, the tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row;
+then the outer loop walks the K/V tiles (one thread block each on a GPU), the inner loop the Q
+tiles, and each (Q tile, K/V tile) pair's scores come from masks.score_tile, exactly as the
+forward's, and go through core.backward.backward_step. dK_j and dV_j are accumulated per K/V
+tile, dQ_i across all of them (a GPU does this with atomic adds); the score scale is applied
+once at the end. Tiles the mask hides are skipped and counted as in the forward
+(docs/numerics.md#backward).
+Memory is O(N·d) plus one tile per worker: no N×N matrix.
+
+Leaves out: the forward (forward.py), rounding models (precision/), the closed-form reference
+(reference.py), printing (present/).
+
+Example: attention_backward(q, k, v, do, causal=True).dq
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from osm_cli.core.backward import backward_step, delta, lse_for_p
+from osm_cli.core.record import GradStep
+from osm_cli.errors import InputError
+
+from .forward import attention
+from .masks import mask_about, scale_q, score_tile, tile_kind
+from .options import Hooks, ScoreOptions, Tiling, split_options
+from .packed import (
+    about,
+    each_sequence,
+    lse_parts,
+    plan_packing,
+    scatter_kv,
+    scatter_lse,
+    scatter_rows,
+)
+from .plan import Plan, _norm, make_plan
+from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht
+
+
+@dataclass(frozen=True)
+class Backward:
+    """What `attention_backward` returns: the gradients, D, and what the summary shows."""
+
+    dq: np.ndarray  # shaped like q
+    dk: np.ndarray  # shaped like k (GQA: summed over the query heads that read each kv head)
+    dv: np.ndarray  # shaped like v
+    delta: np.ndarray  # D = rowsum(dO ∘ O), shaped like the LSE
+    out: np.ndarray  # the forward's O the backward used (osm's own, or the kernel's given)
+    lse: np.ndarray  # and its LSE
+    own_forward: bool  # out and lse came from osm's own forward (not given)
+    scale: float
+    shape_q: tuple
+    shape_k: tuple
+    shape_v: tuple
+    block_q: int
+    block_k: int
+    causal: bool
+    align: str
+    window: tuple | None
+    mask: str
+    tiles_computed: int
+    tiles_skipped: int
+    tiles_total: int
+    masked_rows: int  # query rows whose LSE is ±inf: every key hidden, P = 0
+    key_trace: tuple[GradStep, ...] = ()  # key row traced_key of the traced kv head
+    query_trace: tuple[GradStep, ...] = ()  # query row traced
+    traced: tuple = (0, 0, 0)  # (batch, query head, query)
+    traced_key: int = 0
+    kv_head: int = 0  # the kv head the traced query head reads (its key row is traced)
+    group: int = 1  # query heads per kv head (GQA's g)
+    dsink: np.ndarray | None = None  # with sinks: dL/dsink per query head, (H,)
+    batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
+    softcap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The backward's own inputs, grouped like the plan's q5: (G, g, t, …) per kv head."""
+
+    q: np.ndarray  # Q in the state's dtype, unscaled (dK = scale·dSᵀ·Q)
+    qs: np.ndarray  # Q·scale, as the forward's scores start from it
+    do: np.ndarray
+    lse: np.ndarray  # through lse_for_p: +inf on fully masked rows
+    d: np.ndarray  # D = rowsum(dO ∘ O)
+
+
+def attention_backward(
+    q, k, v, do, *, out=None, lse=None, opts: ScoreOptions | None = None,
+    tiling: Tiling | None = None, hooks: Hooks | None = None,
+    trace_at: tuple[int, int, int] | None = (0, 0, 0), trace_key: int = 0,
+    progress: Callable[[int, int], None] | None = None, **options,
+) -> Backward:
+    """dQ, dK, dV of softmax(scale·Q·Kᵀ + mask)·V for the upstream gradient dO, tile by tile.
+
+    q, k, v, do as attention's inputs and output (do shaped like O); opts, tiling, hooks (or
+    their fields as keywords) as attention's. out and lse are the forward's saved O and LSE
+    (a kernel's, in any masked-row convention: −inf, +inf or 0); without them osm runs its own
+    forward first. trace_at = (batch, query head, query) picks the traced query row, trace_key
+    the key row traced in that query head's kv head (None: no traces); progress(done, total) is
+    called as K/V tiles finish.
+
+    Example: attention_backward(q, k, v, do, causal=True).dq
+    """
+    opts, tiling, hooks = split_options(options, opts, tiling, hooks)
+    if (out is None) != (lse is None):
+        raise InputError("give the forward's O and LSE together (out= and lse=), or neither: "
+                         "the backward recomputes P from the LSE and D from O")
+    if opts.packing.active:
+        return _packed(q, k, v, do, out, lse, opts, tiling, hooks, trace_at, trace_key)
+    own = out is None
+    if own:
+        fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
+        out, lse = fwd.out, fwd.lse
+    plan = make_plan(q, k, v, opts, tiling, hooks, trace_at)
+    s = plan.k3.shape[1]
+    if trace_at is not None and s and not 0 <= trace_key < s:
+        raise InputError(f"traced key {trace_key} is outside K's {s} keys")
+    saved, lse4 = _saved(plan, q, do, out, lse, opts.layout)
+    grads = _loop(plan, saved, hooks, trace_key if trace_at is not None else -1, progress)
+    return _assemble(plan, q, k, v, out, lse, own, opts, hooks, saved, lse4, grads, trace_key)
+
+
+def _saved(plan: Plan, q, do, out, lse, layout: str) -> tuple[Saved, np.ndarray]:
+    """Check dO, O and the LSE against the plan's shapes and group them like q5."""
+    b, hk, g = plan.groups
+    hq, t, dv = hk * g, plan.t, plan.v3.shape[-1]
+    acc = plan.accum
+    shape = (b, hq, t, dv)
+    do4 = like_bhnd(do, "dO", shape, layout)
+    o4 = like_bhnd(out, "O", shape, layout)
+    check_finite(do4, "dO")
+    check_finite(o4, "O")
+    lse4 = lse_bht(lse, "LSE", (b, hq, t), np.ndim(q), layout)
+    if np.isnan(lse4).any():
+        raise InputError("LSE holds NaN; a kernel's LSE is finite, or ±inf (or 0) on a row "
+                         "whose keys are all masked")
+    d = delta(do4, o4, acc)
+    q_acc = plan.q5.astype(acc, copy=False)
+    d_q = q_acc.shape[-1]
+    group = (b * hk, g, t)
+    return Saved(
+        q_acc.reshape(*group, d_q), scale_q(q_acc, plan.scale, acc).reshape(*group, d_q),
+        do4.astype(acc, copy=False).reshape(*group, dv),
+        lse_for_p(lse4.astype(acc)).reshape(group), d.reshape(group),
+    ), lse4
+
+
+@dataclass
+class _Grads:
+    """The loop's results, per kv group: dQ unscaled, dK and dV per query head."""
+
+    dq: np.ndarray  # (G, g, t, d)
+    dk: np.ndarray  # (G, g, s, d)
+    dv: np.ndarray  # (G, g, s, dv)
+    kinds: dict
+    key_trace: list
+    query_trace: list
+
+
+def _kinds(plan: Plan) -> dict:
+    """'skip', 'full' or 'partial' for every (Q tile, K/V tile), over all batches and heads (the
+    forward's decision: a tile is skipped only where the mask hides it for every head)."""
+    b, hk, g = plan.groups
+    kinds = {}
+    for i0 in range(0, plan.t, plan.bq):
+        i1 = min(plan.t, i0 + plan.bq)
+        for j0 in plan.starts:
+            j1 = min(plan.k1, j0 + plan.bk)
+            um = None
+            if plan.user_mask is not None:
+                um = plan.user_mask[..., i0:i1, j0:j1]
+            kinds[i0, j0] = tile_kind(plan.band, um, i0, i1, j0, j1)
+    return kinds
+
+
+def _loop(plan: Plan, saved: Saved, hooks: Hooks, key: int, progress) -> _Grads:
+    """Run the K/V tiles (outer) and Q tiles (inner) for every kv group, the groups split among
+    threads (each group's arithmetic is the same whichever thread runs it)."""
+    b, hk, g = plan.groups
+    G, t, d, dv, s = b * hk, plan.t, plan.q5.shape[-1], plan.v3.shape[-1], plan.k3.shape[1]
+    acc = plan.accum
+    grads = _Grads(np.zeros((G, g, t, d), acc), np.zeros((G, g, s, d), acc),
+                   np.zeros((G, g, s, dv), acc), _kinds(plan), [], [])
+    workers = max(1, min(G, os.cpu_count() or 1))
+    cuts = np.linspace(0, G, workers + 1).astype(int)
+    total = len(plan.starts) * workers
+    lock, done = threading.Lock(), [0]
+
+    def tick():
+        if progress is not None:
+            with lock:
+                done[0] += 1
+                progress(done[0], total)
+
+    def run(w: int):
+        _groups(plan, saved, hooks, grads, int(cuts[w]), int(cuts[w + 1]), key, tick)
+
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+        list(pool.map(run, range(workers)))
+    return grads
+
+
+def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int, key: int,
+            tick) -> None:
+    """The tile loop for kv groups g0:g1: every K/V tile, and inside it every Q tile."""
+    b, hk, g = plan.groups
+    acc = plan.accum
+    tb, th, ti = plan.traced
+    at = plan.at_row[0] * hk + plan.at_row[1] - g0  # the traced kv group, within g0:g1
+    traced_here = 0 <= at < g1 - g0
+    um_all = None if plan.user_mask is None else plan.user_mask.reshape(b * hk, g, plan.t, -1)
+    step_kw = {"heads": g, "p_round": hooks.p_round, "ds_round": hooks.ds_round}
+    for j0 in plan.starts:
+        j1 = min(plan.k1, j0 + plan.bk)
+        kj = plan.k3[g0:g1, j0:j1].astype(acc, copy=False)
+        vj = plan.v3[g0:g1, j0:j1].astype(acc, copy=False)
+        kT = kj.swapaxes(-1, -2)
+        dk_j = grads.dk[g0:g1, :, j0:j1]
+        dv_j = grads.dv[g0:g1, :, j0:j1]
+        keyed = traced_here and j0 <= key < j1
+        for i0 in range(0, plan.t, plan.bq):
+            i1 = min(plan.t, i0 + plan.bq)
+            n = i1 - i0
+            kind = grads.kinds[i0, j0]
+            if kind == "skip":
+                if keyed:
+                    grads.key_trace.append(GradStep(i0 // plan.bq, i0, i1, True, 0.0, 0.0,
+                                                    *_dkv_norms(plan, dk_j, dv_j, at, key - j0)))
+                if traced_here and i0 <= ti < i1:
+                    grads.query_trace.append(GradStep(
+                        (j0 - plan.k0) // plan.bk, j0, j1, True, 0.0, 0.0,
+                        dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
+                continue
+            rows = (g1 - g0, g * n)
+            vis = None
+            if kind == "partial":
+                vis = np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1))
+            um = None if um_all is None else um_all[g0:g1, :, i0:i1, j0:j1].reshape(*rows, -1)
+            sc, dtanh = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um,
+                                   softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1, g0, g1),
+                                   dtanh=True)
+            up = backward_step(
+                sc, sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
+                sv.q[g0:g1, :, i0:i1].reshape(*rows, -1), kj, vj,
+                sv.do[g0:g1, :, i0:i1].reshape(*rows, -1), ds_factor=dtanh, **step_kw)
+            dk_j += up.dk
+            dv_j += up.dv
+            grads.dq[g0:g1, :, i0:i1] += up.dq.reshape(g1 - g0, g, n, -1)
+            if keyed:
+                c = key - j0
+                grads.key_trace.append(GradStep(
+                    i0 // plan.bq, i0, i1, False, float(up.p[at, :, c].max()),
+                    float(up.ds[at, :, c].sum()), *_dkv_norms(plan, dk_j, dv_j, at, c)))
+            if traced_here and i0 <= ti < i1:
+                r = (th % g) * n + ti - i0
+                grads.query_trace.append(GradStep(
+                    (j0 - plan.k0) // plan.bk, j0, j1, False, float(up.p[at, r].max()),
+                    float(up.ds[at, r].sum()),
+                    dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
+        tick()
+
+
+def _dkv_norms(plan: Plan, dk_j, dv_j, at: int, c: int) -> tuple[float, float]:
+    """‖dK‖ and ‖dV‖ of key c of the tile, in the traced kv group, summed over its heads."""
+    return (_norm(plan.scale * dk_j[at, :, c].sum(axis=0)), _norm(dv_j[at, :, c].sum(axis=0)))
+
+
+def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hooks: Hooks,
+              saved: Saved, lse4, grads: _Grads, key: int) -> Backward:
+    """Scale, sum each kv head's query heads, shape the gradients like q, k, v."""
+    b, hk, g = plan.groups
+    hq, t, s = hk * g, plan.t, plan.k3.shape[1]
+    scale = plan.scale
+    acc = plan.accum
+    d, dv_dim = grads.dq.shape[-1], grads.dv.shape[-1]
+    dq = (grads.dq * acc.type(scale)).reshape(b, hq, t, d)
+    dk_h = grads.dk * acc.type(scale)
+    dv_h = grads.dv
+    if hooks.head_round is not None and g > 1:
+        dk_h, dv_h = hooks.head_round(dk_h), hooks.head_round(dv_h)
+    dk = dk_h.sum(axis=1).reshape(b, hk, s, d)
+    dv = dv_h.sum(axis=1).reshape(b, hk, s, dv_dim)
+    nq, nk, nv = np.ndim(q), np.ndim(k), np.ndim(v)
+    lay = opts.layout
+    d_out = from_bhnd(saved.d.reshape(b, hq, t)[..., None], nq, lay)[..., 0]
+    kinds = list(grads.kinds.values())
+    skipped = sum(kd == "skip" for kd in kinds)
+    th = plan.traced[1]
+    dsink = None
+    if plan.sinks is not None:  # dsink = −Σ_rows exp(sink − LSE)·D, LSE holding the sink
+        with np.errstate(under="ignore"):
+            p_sink = np.exp(plan.sinks[..., None] - saved.lse)  # (G, g, t); +inf LSE gives 0
+        dsink = -(p_sink * saved.d).sum(axis=-1).reshape(b, hq).sum(axis=0)
+    return Backward(
+        from_bhnd(dq, nq, lay), from_bhnd(dk, nk, lay), from_bhnd(dv, nv, lay), d_out,
+        np.asarray(out), np.asarray(lse), own, float(scale), tuple(np.shape(q)),
+        tuple(np.shape(k)), tuple(np.shape(v)), plan.bq, plan.bk, opts.causal,
+        opts.causal_align, opts.window, mask_about(None if opts.mask is None else
+                                                   np.asarray(opts.mask)),
+        len(kinds) - skipped, skipped, len(kinds), int(np.count_nonzero(~np.isfinite(lse4))),
+        tuple(grads.key_trace), tuple(grads.query_trace), plan.traced, key,
+        int(kv_head(max(th, 0), hq, hk)), g, dsink, softcap=opts.softcap,
+        alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+    )
+
+
+def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Hooks,
+            trace_at, trace_key: int) -> Backward:
+    """attention_backward over a varlen or paged batch (packed.py), one sequence at a time:
+    dQ stored like Q, dK and dV like K and V (a key read by several sequences, a shared page,
+    gets the sum), D like FlashAttention's LSE. trace_at is (sequence, head, query)."""
+    if opts.mask is not None:
+        raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
+                         "takes both); use the sequences' lengths, causal or a window")
+    packed = plan_packing(q, k, v, opts.packing)
+    own = out is None
+    if own:
+        fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
+        out, lse = fwd.out, fwd.lse
+    lses = lse_parts(packed, lse)
+
+    def run(seq, qb, kb, vb, dob, ob, tr):
+        return attention_backward(qb, kb, vb, dob, out=ob, lse=lses[seq.index],
+                                  opts=opts.for_sequence(seq.index), tiling=tiling, hooks=hooks,
+                                  trace_at=tr, trace_key=trace_key if tr else 0)
+
+    parts = each_sequence(packed, run, q, k, v, do, out, trace_at=trace_at)
+    traced = None if trace_at is None else parts[trace_at[0]]
+    dt = parts[0].dq.dtype if parts else np.float32
+    dq = scatter_rows(packed, [p.dq for p in parts], dt, np.shape(q)[-1])
+    dk, dv = (scatter_kv(packed, [getattr(p, n) for p in parts], x).astype(dt)
+              for n, x in (("dk", k), ("dv", v)))
+    totals = {n: sum(getattr(p, n) for p in parts) for n in (
+        "tiles_computed", "tiles_skipped", "tiles_total", "masked_rows")}
+    dsink = None if opts.sinks is None else sum(p.dsink for p in parts)
+    ref = traced or (parts[0] if parts else None)
+    return Backward(
+        dq, dk, dv, scatter_lse(packed, [p.delta for p in parts], dt), np.asarray(out),
+        np.asarray(lse), own, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)),
+        tuple(np.shape(k)), tuple(np.shape(v)), ref.block_q if ref else 0,
+        ref.block_k if ref else 0, opts.causal, "bottom-right", opts.window, "none",
+        totals["tiles_computed"], totals["tiles_skipped"], totals["tiles_total"],
+        totals["masked_rows"], () if traced is None else traced.key_trace,
+        () if traced is None else traced.query_trace, trace_at or (0, 0, 0), trace_key,
+        ref.kv_head if ref else 0, ref.group if ref else 1, dsink, batch=about(packed),
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None)
+
+
+__all__ = ["Backward", "attention_backward"]

@@ -1,0 +1,149 @@
+"""osm backward: dQ, dK, dV of attention by FA2's tiled backward, traced tile by tile for one key
+row and one query row. The command imports the layers it uses when it runs (see common.py:
+`osm --help` loads no numpy). Leaves out: computing (reports/backward.py) and the tables
+(present/backward.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from osm_cli.errors import OsmError
+
+from .common import (
+    check_outputs,
+    emit_json,
+    exports,
+    guarded,
+    kernel_inputs,
+    out,
+    progress,
+    save,
+    score_options,
+)
+from .options import (
+    Align,
+    BatchOpt,
+    BlockQOpt,
+    CausalAlignOpt,
+    CausalOpt,
+    DtypeOpt,
+    HeadOpt,
+    InputDtypeOpt,
+    JsonOpt,
+    Layout,
+    LayoutOpt,
+    MaskOpt,
+    NoReferenceOpt,
+    QueryOpt,
+    ScaleOpt,
+    ShowAllOpt,
+    WindowOpt,
+    csv_option,
+)
+
+
+def _write(name: str, what: str):
+    return Annotated[str | None, typer.Option(name, help=f"Write {what} to this .npy.")]
+
+
+@guarded
+@exports
+@kernel_inputs
+def backward(
+    files: Annotated[list[str], typer.Argument(
+        help="Q K V DO as four tensor files (.npy, .safetensors), or one .npz or .safetensors "
+             "holding q, k, v, do (and optionally the forward's o and lse).")],
+    o_path: Annotated[str | None, typer.Option(
+        "--o", help="The forward's saved O (.npy), e.g. a kernel's; give --lse with it.")] = None,
+    lse_path: Annotated[str | None, typer.Option(
+        "--lse", help="The forward's saved LSE (natural log, .npy); give --o with it.")] = None,
+    dq_path: _write("--dq", "dQ") = None,
+    dk_path: _write("--dk", "dK") = None,
+    dv_path: _write("--dv", "dV") = None,
+    causal: CausalOpt = False,
+    causal_align: CausalAlignOpt = Align.bottom_right,
+    window: WindowOpt = None,
+    mask: MaskOpt = None,
+    scale: ScaleOpt = None,
+    layout: LayoutOpt = Layout.bhnd,
+    block_q: BlockQOpt = None,
+    block_k: Annotated[int | None, typer.Option(
+        "--block-k", min=1, help="Keys per tile (default as attention's; with --dtype FA2's "
+        "backward tiles: 128×128 for d <= 64, 64×128 for d <= 128).")] = None,
+    dtype: DtypeOpt = None,
+    batch: BatchOpt = 0,
+    head: HeadOpt = 0,
+    key: Annotated[int, typer.Option(
+        "--key", min=0, help="Key row whose dK and dV to trace (in the traced head's kv head).")
+    ] = 0,
+    query: QueryOpt = 0,
+    no_reference: NoReferenceOpt = False,
+    show_all: ShowAllOpt = False,
+    csv: csv_option("both traces") = None,
+    input_dtype: InputDtypeOpt = None,
+    as_json: JsonOpt = False,
+    inputs=None,
+):
+    """The backward pass of attention: dQ, dK, dV by FA2's Algorithm 2, traced tile by tile.
+
+    P is recomputed from the forward's LSE (osm's own forward, or a kernel's saved O and LSE
+    with --o/--lse), D = rowsum(dO ∘ O) once per row, then for each K/V tile (outer) and each
+    Q tile (inner): dV_j += Pᵀ·dO_i, dS = P ∘ (dO_i·V_jᵀ − D_i), dQ_i += scale·dS·K_j,
+    dK_j += scale·dSᵀ·Q_i. Prints a summary against the float64 closed-form gradients and two
+    traces: key row J's dK_j, dV_j over the Q tiles, query row I's dQ_i over the K/V tiles.
+
+    \b
+    Examples:
+      osm backward samples/q.npy samples/k.npy samples/v.npy samples/do.npy
+      osm backward samples/qkv.npz samples/do.npy --causal --key 3 --query 5
+      osm backward q.npy k.npy v.npy do.npy --o o.npy --lse lse.npy --dtype bf16
+    """
+    from osm_cli import io
+    from osm_cli.attention.options import Tiling
+    from osm_cli.precision.dtypes import round_inputs, shared_narrow
+    from osm_cli.precision.model import prepare, storable
+    from osm_cli.present import backward as render
+    from osm_cli.present import csv as export
+    from osm_cli.present import json as documents
+    from osm_cli.reports.backward import backward_report
+
+    check_outputs(dq=dq_path, dk=dk_path, dv=dv_path, csv=csv)
+    if (o_path is None) != (lse_path is None):
+        raise OsmError("give --o and --lse together (the forward's saved O and LSE), or "
+                       "neither (osm runs its own forward)")
+    given = io.load_backward(files, input_dtype)
+    for name, path in (("out", o_path), ("lse", lse_path)):
+        if path is not None:
+            given[name] = io.load_array(Path(path), raw_as=input_dtype)
+            io.check_real(given[name], path)
+    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, given["q"])
+    # bfloat16 or float8 inputs can only come from a kernel in that dtype: its model
+    dtype = dtype or shared_narrow(given["q"], given["k"], given["v"])
+    lab, (q, k, v), notes = prepare(dtype, None, None, given["q"], given["k"], given["v"])
+    do = given["do"]
+    if lab is not None:
+        (do,), more = round_inputs({"dO": do}, lab.dtype)
+        notes = (*notes, *more)
+    with progress() as tick:
+        rep = backward_report(
+            q, k, v, do, opts, Tiling(block_q=block_q, block_k=block_k), out=given.get("out"),
+            lse=given.get("lse"), model=lab, notes=notes, with_reference=not no_reference,
+            trace_at=inputs.traced(batch, head, query), trace_key=key, progress=tick)
+    res = rep.result
+
+    def stored(x):
+        return x if lab is None else storable(lab, x)
+
+    save((dq_path, stored(res.dq), None), (dk_path, stored(res.dk), None),
+         (dv_path, stored(res.dv), None),
+         (csv, lambda: export.grad_trace_csv(res), "both traces, CSV"))
+    if as_json:
+        return emit_json(documents.backward_doc(rep))
+    for part in (*render.backward_heads(rep), render.key_trace(rep, out.width, show_all),
+                 render.query_trace(rep, out.width, show_all),
+                 render.backward_results(rep, show_all)):
+        out.print(part)

@@ -1,0 +1,87 @@
+"""Where a kernel's backward rounds: the flash model of FA2's backward, and plain same-dtype
+attention's gradients, FlashAttention's test `pt` (docs/numerics.md#backward-precision).
+
+- flash: Q, K, V, O and dO in the dtype; D = rowsum(dO ∘ O) in float32; S, P, dP and dS in
+  float32; P rounded to the dtype before Pᵀ·dO, dS rounded to the dtype before dS·K and
+  dSᵀ·Q (the tensor cores' 16-bit operands); dQ, dK, dV accumulated in float32, times the
+  scale at the end, rounded to the dtype once. Under GQA each query head's dK and dV are
+  rounded to the dtype before the group's sum, as FA2 writes them per head and then sums.
+  Tiles: FA2's backward tiles for the head dim (`fa2_backward_blocks`).
+- plain: autograd through plain attention in the dtype (model.plain), each op rounded.
+
+Leaves out: the tile loop (attention/backward.py), the verdict (rule.py), check (check.py).
+
+Example: flash_backward(model("bf16"), q, k, v, do, out, lse).dq
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from osm_cli.attention.backward import Backward, attention_backward
+from osm_cli.attention.options import Hooks, ScoreOptions, Tiling
+from osm_cli.attention.reference import reference_backward
+
+from .dtypes import bits, carrier, round_to
+from .model import Model
+
+
+def fa2_backward_blocks(d: int) -> tuple[int, int]:
+    """(block_q, block_k) of FA2's backward on sm80 and later (run_mha_bwd_hdim*):
+    128 × 128 up to d = 64, 64 × 128 up to d = 128, 64 × 64 beyond.
+    Example: fa2_backward_blocks(64) -> (128, 128)"""
+    if d <= 64:
+        return 128, 128
+    if d <= 128:
+        return 64, 128
+    return 64, 64
+
+
+def flash_hooks(m: Model) -> Hooks:
+    """The backward's Hooks of model m: the state's dtype, P and dS rounded, GQA's per-head
+    rounding (none where the dtype is as wide as the state)."""
+    if m.p_round is None:
+        return Hooks(m.accum)
+    return Hooks(m.accum, m.round_p, m.round_p, m.round_p)
+
+
+def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
+                   opts: ScoreOptions | None = None, tiling: Tiling | None = None,
+                   **kwargs) -> Backward:
+    """The flash model's backward: attention_backward with model m's rounding, dQ, dK, dV
+    rounded to the dtype at the end. q, k, v and do hold the dtype's values already
+    (round_inputs); out and lse are the forward's (a kernel's; without them osm's flash model
+    runs the forward, O rounded to the dtype as a kernel stores it). tiling None: FA2's
+    backward tiles. kwargs are attention_backward's (trace_at, trace_key, progress)."""
+    opts = opts or ScoreOptions()
+    if tiling is None:
+        tiling = Tiling(*fa2_backward_blocks(np.shape(q)[-1]))
+    own = out is None and lse is None
+    if own:
+        from .kernels import run_flash  # the forward's schedule, beside the backward's own
+
+        fwd = run_flash(m, q, k, v, trace_at=None, schedule="fa2", opts=opts)
+        out, lse = fwd.out, fwd.lse
+    res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
+                             hooks=flash_hooks(m), **kwargs)
+    res = replace(res, own_forward=own)
+    if bits(m.dtype) >= bits(res.dq.dtype):
+        return res
+    dq, dk, dv = (round_to(x, m.dtype, x.dtype) for x in (res.dq, res.dk, res.dv))
+    return replace(res, dq=dq, dk=dk, dv=dv)
+
+
+def plain_backward(q, k, v, do, dtype, opts: ScoreOptions | None = None,
+                   **options) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of plain attention in `dtype` (FlashAttention's test `pt`, upcast=False):
+    autograd's chain through model.plain with each op rounded, carried in float32."""
+    dt = np.dtype(dtype)
+    c = carrier(dt)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return reference_backward(q, k, v, do, opts, **options,
+                                  rnd=lambda x: round_to(x, dt, c), carry=c)
+
+
+__all__ = ["fa2_backward_blocks", "flash_backward", "flash_hooks", "plain_backward"]

@@ -1,0 +1,155 @@
+"""osm backward's tables: the summary, the traced key row's dK_j and dV_j over the Q tiles, the
+traced query row's dQ_i over the K/V tiles, the traced rows beside the reference, and under
+--dtype each gradient's verdict.
+
+Leaves out: computing anything (reports/backward.py), the rule's own line (verdicts.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich import box
+from rich.console import Group
+from rich.text import Text
+
+from .attention import convention_rows
+from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
+from .verdicts import rounding_text, rule_text
+
+GRADS = ("dq", "dk", "dv")
+
+
+def backward_summary(rep) -> Table:
+    """Shapes, conventions, D, tile counts and each gradient's error against the reference."""
+    r = rep.result
+    d = np.asarray(r.delta, dtype=np.float64)
+    forward = ("osm's own (--o and --lse take a kernel's saved O and LSE)" if r.own_forward
+               else "given O and LSE (a kernel's saved forward)")
+    rows = [
+        *convention_rows(r),
+        ("forward", forward),
+        ("D = rowsum(dO∘O)", _range(d)),
+        ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "
+                  f"{r.tiles_skipped} skipped of {r.tiles_total}"),
+        ("fully masked rows", f"{r.masked_rows} (LSE ±inf: P = 0, no gradient)"),
+    ]
+    if rep.errors is None:
+        rows.append(("reference", "skipped (--no-reference)"))
+    else:
+        for name, label in (("dq", "dQ"), ("dk", "dK"), ("dv", "dV"), ("dsink", "dsink")):
+            if name not in rep.errors:
+                continue
+            e = rep.errors[name]
+            rows.append((f"max |{label} − ref|", Text.assemble(
+                num(e["max_abs_err"], 3), " (relative ", num(e["max_rel_err"], 3), ")")))
+    return kv_table(rows)
+
+
+def _range(d: np.ndarray) -> Text | str:
+    """'lo to hi' of D over the query rows, one number when all agree."""
+    if not d.size:
+        return "no query rows"
+    lo, hi = float(d.min()), float(d.max())
+    return num(lo, 6) if lo == hi else Text.assemble(num(lo, 6), " to ", num(hi, 6))
+
+
+def backward_precision(rep) -> Table:
+    """backward --dtype: the model, the inputs' rounding and each gradient's verdict."""
+    rows = [("precision", rep.model.describe_backward()),
+            (f"inputs in {rep.model.name}", rounding_text(rep.notes))]
+    for g in rep.verdicts:
+        rows += [(f"max |{g.label} − ref64|", Text.assemble(
+                      num(g.err64, 3), "  (plain ", num(g.plain_err64, 3), ")")),
+                 (f"{g.label} rule", rule_text(g.rule, g.label))]
+    if rep.verdicts:
+        rows.append(("verdict", pass_fail(all(g.rule.passed for g in rep.verdicts))))
+    return kv_table(rows)
+
+
+def backward_heads(rep) -> list:
+    """What comes before the traces: the summary, and under --dtype the precision block."""
+    heads = [backward_summary(rep)]
+    if rep.model is not None:
+        heads.append(backward_precision(rep))
+    return heads
+
+
+def key_trace(rep, width: int = 100, show_all: bool = False) -> Group:
+    """Key row J's dK_j and dV_j accumulating over the Q tiles."""
+    return fit(lambda d: _trace(rep, d, show_all, key=True), width, (8, 7, 6, 5, 4))
+
+
+def query_trace(rep, width: int = 100, show_all: bool = False) -> Group:
+    """Query row I's dQ_i accumulating over the K/V tiles."""
+    return fit(lambda d: _trace(rep, d, show_all, key=False), width, (8, 7, 6, 5, 4))
+
+
+def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
+    r = rep.result
+    b, h, i = r.traced
+    steps = r.key_trace if key else r.query_trace
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    nc = {"justify": "right", "no_wrap": True}
+    names = ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖", "‖dV_j‖") if key else (
+        "K/V tile", "keys", "P max", "Σ dS", "‖dQ_i‖")
+    for name in names:
+        t.add_column(name, **nc)
+
+    def row(n):
+        s = steps[n]
+        cells = [str(s.block), f"{s.start}:{s.stop}"]
+        if s.masked:
+            cells += [Text("skipped", style="dim"), ""]
+        else:
+            cells += [num(s.p_max, d), num(s.ds_sum, d)]
+        return cells + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
+
+    fill(t, len(steps), row, show_all)
+    what = "sequence" if r.batch else "batch"
+    if key:
+        title = (f"key {r.traced_key} of {what} {b}, kv head {r.kv_head} ({_heads_of(r)}): "
+                 "dK_j, dV_j over the Q tiles, start 0")
+    else:
+        title = f"query {i} of {what} {b}, head {h}: dQ_i over the K/V tiles, start 0"
+    return Group(Text(title), t)
+
+
+def _heads_of(r) -> str:
+    """The query heads that read the traced kv head: 'query head 2' or 'query heads 3–5'."""
+    first = r.kv_head * r.group
+    if r.group == 1:
+        return f"query head {first}"
+    return f"query heads {first}–{first + r.group - 1}"
+
+
+def traced_rows(rep, show_all: bool = False) -> Group:
+    """The traced rows as written (dQ_i, dK_j, dV_j), one component a line, and how far each
+    is from the float64 reference."""
+    rows = rep.traced_rows
+    r = rep.result
+    labels = {"dq": f"dQ[{r.traced[2]}]", "dk": f"dK[{r.traced_key}]",
+              "dv": f"dV[{r.traced_key}]"}
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("j", justify="right")
+    for name in GRADS:
+        t.add_column(labels[name], justify="right", no_wrap=True)
+    xs = {n: np.asarray(rows[n], dtype=np.float64) for n in GRADS}
+    n = max(len(x) for x in xs.values())
+
+    def line(j):
+        return [str(j), *(num(xs[g][j], 10) if j < len(xs[g]) else Text("") for g in GRADS)]
+
+    parts = [Text("traced rows of the gradients"), fill(t, n, line, show_all)]
+    if rep.ref_rows is not None:
+        for name in GRADS:
+            diff = float(np.abs(xs[name] - np.asarray(rep.ref_rows[name])).max(initial=0.0))
+            parts.append(agreement(f"{labels[name]} vs the float64 reference", diff))
+    return Group(*parts)
+
+
+def backward_results(rep, show_all: bool = False) -> Group:
+    """What follows the traces: the traced rows beside the reference."""
+    return Group(traced_rows(rep, show_all))
+
+
+__all__ = ["backward_heads", "backward_results", "key_trace", "query_trace", "traced_rows"]
