@@ -84,6 +84,8 @@ class Attention:
     softcap: float | None = None
     alibi: bool = False
     sinks: bool = False
+    kernel: str = ""  # the kernel preset whose loop ran (precision/presets.py); "" osm's own
+    splits: int = 1  # key ranges run apart and merged (FA2's split-KV kernel)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,
@@ -225,17 +227,21 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
 
 
 def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_lse: str,
-            trace_at) -> Attention:
+            trace_at, dense: Callable | None = None) -> Attention:
     """attention over a varlen or paged batch (packed.py): each sequence as its own dense
     problem, bottom-right causal against its own keys; O stored like Q, the LSE as
     FlashAttention returns it ((H, total_q), or (B, H, t) for batched Q); the traced row's
-    tiles name the pages their keys came from."""
+    tiles name the pages their keys came from. dense(q, k, v, opts=, masked_lse=, trace_at=)
+    runs one sequence (a kernel preset's loop); attention itself by default."""
     if opts.mask is not None:
         raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
                          "takes both); use the sequences' lengths, causal or a window")
     packed = plan_packing(q, k, v, opts.packing)
 
     def run(seq, qb, kb, vb, tr):
+        if dense is not None:
+            return dense(qb, kb, vb, opts=opts.for_sequence(seq.index), masked_lse=masked_lse,
+                         trace_at=tr)
         return attention(qb, kb, vb, opts=opts.for_sequence(seq.index), tiling=tiling,
                          hooks=hooks, masked_lse=masked_lse, trace_at=tr)
 
@@ -268,4 +274,10 @@ def masked_as(lse: np.ndarray, masked_lse: str) -> np.ndarray:
     return np.where(np.isneginf(lse), MASKED_LSE[masked_lse], lse).astype(lse.dtype)
 
 
-__all__ = ["Attention", "Hooks", "ScoreOptions", "Tiling", "attention", "masked_as"]
+# The pieces a kernel preset's own tile loop (precision/emulate.py) shares with this one.
+run_q_tiles = _run_q_tiles
+assemble = _assemble
+packed_attention = _packed
+
+__all__ = ["Attention", "Hooks", "ScoreOptions", "Tiling", "assemble", "attention", "masked_as",
+           "packed_attention", "run_q_tiles"]

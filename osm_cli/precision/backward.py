@@ -49,7 +49,7 @@ def flash_hooks(m: Model) -> Hooks:
 
 def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
                    opts: ScoreOptions | None = None, tiling: Tiling | None = None,
-                   **kwargs) -> Backward:
+                   kernel: str | None = None, **kwargs) -> Backward:
     """The flash model's backward: attention_backward with model m's rounding, dQ, dK, dV
     rounded to the dtype at the end. q, k, v and do hold the dtype's values already
     (round_inputs); out and lse are the forward's (a kernel's; without them osm's flash model
@@ -61,8 +61,10 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
     own = out is None and lse is None
     if own:
         from .kernels import run_flash  # the forward's schedule, beside the backward's own
+        from .presets import default_kernel
 
-        fwd = run_flash(m, q, k, v, trace_at=None, schedule="fa2", opts=opts)
+        fwd = run_flash(m, q, k, v, trace_at=None, kernel=kernel or default_kernel(m.name),
+                        opts=opts)
         out, lse = fwd.out, fwd.lse
     res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
                              hooks=flash_hooks(m), **kwargs)

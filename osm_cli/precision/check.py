@@ -21,6 +21,7 @@ from osm_cli.errors import OsmError
 from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
 from .kernels import run_flash
 from .model import model, plain
+from .presets import default_kernel
 from .rule import Verdict, judged, lse_errors, max_abs
 
 
@@ -81,13 +82,15 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
 
 def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, top: int = 5,
           with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
-          **options) -> CheckReport:
+          kernel: str | None = None, mma: str = "blas", **options) -> CheckReport:
     """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
 
     dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
     causal, scale, layout, causal_align, window, mask) as attention's. dq, dk, dv (any of them)
     are the kernel's gradients for the upstream gradient do, judged by FlashAttention's backward
-    rule `grad_rule` (gradcheck.GRAD_RULES).
+    rule `grad_rule` (gradcheck.GRAD_RULES). kernel names the preset whose model runs beside
+    (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its
+    matmuls round (emulate.MMAS).
     Example: check(o, q, k, v, "fp16", lse=lse, causal=True).passed
     """
     opts = split_options(options, opts)[0]
@@ -118,8 +121,9 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     model_err = None
     if with_model:
         m = model(dtype_name(dt))
-        model_err = max_abs(run_flash(m, q, k, v, trace_at=None, schedule="fa2",
-                                       opts=opts).out - ref)
+        model_err = max_abs(run_flash(m, q, k, v, trace_at=None,
+                                       kernel=kernel or default_kernel(m.name), opts=opts,
+                                       mma=mma).out - ref)
     rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view_of(opts), top)
     grads = ()
     if given:

@@ -1,0 +1,570 @@
+"""A kernel preset's own tile loop: its schedule and its float32 arithmetic, step by step
+(docs/numerics.md#kernel-presets).
+
+Where osm's readable loop (attention/forward.py) scales Q and takes exp(S − m), FlashAttention's
+kernels keep S = Q·Kᵀ unscaled and fold the scale into exp2: with c = scale·log2(e) in float32,
+P = exp2(fma(S, c, −m·c)), α = exp2((m_old − m)·c), l summed by each of the four threads of a
+quad over its own columns (8j + 2·lane + {0, 1}) and the four partial sums added at the end,
+O normalised by a reciprocal then a multiply, LSE in the kernel's own formula. P is rounded
+to the input dtype before P·V. This module runs that, for every preset of presets.py,
+vectorized over batch, heads and a Q tile's rows, with a trace of one row in natural-log units
+(m·scale), the same Step records as attention/.
+
+mma="tensor-core" also models the tensor cores' float32 accumulation, which BLAS does not do:
+products summed 16 at a time (the k of one MMA instruction), each term aligned to the largest
+and truncated 2 bits below float32's precision, the accumulator truncated toward zero
+(docs/numerics.md#tensor-cores). It is slow (a float64 tensor of every product) and exact
+where "blas", the default, is within an ulp of float32.
+
+Leaves out: the presets themselves (presets.py), where inputs are rounded (dtypes.py), the
+backward (backward.py), the verdict (rule.py).
+
+Example: run_kernel(preset("fa2"), model("bf16"), q, k, v, causal=True).out
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from osm_cli.attention.forward import (
+    Attention,
+    Hooks,
+    ScoreOptions,
+    Tiling,
+    assemble,
+    masked_as,
+    packed_attention,
+    run_q_tiles,
+)
+from osm_cli.attention.masks import tile_kind
+from osm_cli.attention.options import split_options
+from osm_cli.attention.plan import Counts, Plan, make_plan, row_step
+from osm_cli.attention.shapes import as_bhnd
+from osm_cli.core.merge import merge_detail
+from osm_cli.core.record import Step
+from osm_cli.errors import InputError, OsmError
+
+from .dtypes import DTYPES, bits
+from .model import Model
+from .presets import EIGHT, SMS, Preset, fa2_plan
+
+LOG2E = math.log2(math.e)  # the kernels' LOG2_E / M_LOG2E, a float32 constant on the GPU
+LN2 = math.log(2.0)
+F32 = np.float32
+MMAS = ("blas", "tensor-core")
+MMA_K = 16  # the k of one 16-bit MMA instruction (mma.sync m16n8k16, wgmma …k16)
+MMA_EXTRA = 2  # bits the tensor cores keep below float32's last when aligning terms
+EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
+            0.077119089663028717041015625)  # FA4 SM100's 2^f on [0, 1), Horner from the top
+
+
+@dataclass(frozen=True)
+class Descale:
+    """FP8's descale factors (FA3/FA4), float32 of shape (B, Hkv): the stored values are
+    x / descale, so S = (Q·Kᵀ)·q_descale·k_descale·scale and O is multiplied by v_descale."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The GPU's approximate instructions, as osm computes them: exp2 (ex2.approx), tanh
+    (tanh.approx) and 1/x (rcp.approx) in float32, correctly rounded on the CPU. An ablation
+    replaces one with values measured on the GPU (benchmarks/kernel_ablation.py)."""
+
+    ex2: Callable | None = None
+    tanh: Callable | None = None
+    rcp: Callable | None = None
+
+    def exp2(self, x: np.ndarray) -> np.ndarray:
+        if self.ex2 is not None:
+            return np.asarray(self.ex2(np.asarray(x, dtype=F32)), dtype=F32)
+        with np.errstate(over="ignore"):
+            return np.exp2(x, dtype=F32)
+
+    def tanh_(self, x: np.ndarray) -> np.ndarray:
+        if self.tanh is not None:
+            return np.asarray(self.tanh(np.asarray(x, dtype=F32)), dtype=F32)
+        return np.tanh(x.astype(np.float64)).astype(F32)
+
+    def recip(self, x: np.ndarray) -> np.ndarray:
+        if self.rcp is not None:
+            return np.asarray(self.rcp(np.asarray(x, dtype=F32)), dtype=F32)
+        return (F32(1) / x).astype(F32)
+
+
+@dataclass(frozen=True)
+class Arith:
+    """The numbers every tile of one run shares (float32, as the kernel holds them): c =
+    scale·log2e per kv group (G, 1, 1), the factor from S's units to natural-log units, the
+    offset, v's descale (G, 1, 1) and how the two matmuls round."""
+
+    c: np.ndarray
+    nat: np.ndarray
+    offset: float
+    vscale: np.ndarray | None
+    threshold: float  # lazy rescale, log2 units (0: eager)
+    mma: str
+    p_dtype: np.dtype
+    ops: Ops
+    emulated: Callable | None = None  # FA4 SM100: width -> the columns its polynomial computes
+
+
+def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None = None,
+               tiling: Tiling | None = None, hooks: Hooks | None = None,
+               masked_lse: str | None = None, trace_at=(0, 0, 0), progress=None,
+               mma: str = "blas", descale: Descale | None = None,
+               threshold: float | None = None, ops: Ops | None = None,
+               sms: int | None = None, **options) -> Attention:
+    """The kernel's forward on q, k, v (which hold m's dtype values already), out in the
+    kernel's output dtype (bf16 for FP8 inputs) and LSE in float32.
+
+    masked_lse defaults to the kernel's own; threshold (log2 units) to the preset's for the
+    dtype; tiling's block_k, if given, replaces the kernel's (a teaching run); ops replaces
+    the float32 exp2, tanh or reciprocal (an ablation: the GPU's, measured). sms sets the GPU's
+    multiprocessors for FA2's split-KV heuristic (132, an H100/H200, by default).
+    """
+    opts, tiling, _ = split_options(options, opts, tiling, hooks)
+    if mma not in MMAS:
+        raise OsmError(f"mma must be one of {', '.join(MMAS)}, not {mma!r}")
+    float_mask = opts.mask is not None and np.asarray(opts.mask).dtype.kind != "b"
+    kernel.check(m.name, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+                 float_mask=float_mask)
+    if descale is not None and m.name not in EIGHT:
+        raise OsmError("--q-descale, --k-descale and --v-descale scale FP8 inputs; use them "
+                       "with --dtype e4m3 or e5m2")
+    masked_lse = masked_lse or kernel.masked_lse
+    tau = kernel.threshold(m.name) if threshold is None else float(threshold)
+    if tau < 0 or not math.isfinite(tau):
+        raise OsmError(f"the rescale threshold must be a finite number ≥ 0, not {tau}")
+    arith = dict(kernel=kernel, model=m, mma=mma, descale=descale, tau=tau, ops=ops or Ops())
+
+    def dense(qd, kd, vd, *, opts, masked_lse, trace_at, keys=None, block_k=None):
+        return _dense(qd, kd, vd, opts, masked_lse, trace_at, progress, keys=keys,
+                      block_k=block_k or tiling.block_k, **arith)
+
+    if opts.packing.active:
+        if descale is not None:
+            raise OsmError("FP8 descale factors are per (batch, kv head) of a dense batch; "
+                           "a varlen or paged batch takes none here")
+        res = packed_attention(q, k, v, opts, tiling, Hooks(np.float32), masked_lse, trace_at,
+                               dense=dense)
+    elif kernel.split_kv and tiling.block_k is None:
+        res = _split(kernel, q, k, v, opts, masked_lse, trace_at, dense, sms)
+    else:
+        res = dense(q, k, v, opts=opts, masked_lse=masked_lse, trace_at=trace_at)
+    return _finish(m, res)
+
+
+def _finish(m: Model, res: Attention) -> Attention:
+    """O rounded to the kernel's output dtype: the input's, bf16 for FP8 (FA4)."""
+    out_dt = DTYPES["bfloat16"] if m.name in EIGHT else m.dtype
+    if bits(out_dt) >= bits(res.out.dtype):
+        return res
+    trace_out = None if res.trace_out is None else res.trace_out.astype(out_dt).astype(F32)
+    return replace(res, out=res.out.astype(out_dt).astype(F32), trace_out=trace_out)
+
+
+def _split(kernel: Preset, q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, dense,
+           sms: int | None) -> Attention:
+    """FA2's split-KV kernel where its heuristic picks it: each key range run to a float32
+    (O, LSE) of its own (−inf for a range without keys), combined in float32
+    (docs/numerics.md#fa2-schedule)."""
+    layout = opts.layout
+    b, h, t, d = as_bhnd(np.asarray(q), layout, "Q").shape
+    s = as_bhnd(np.asarray(k), layout, "K").shape[2]
+    _, bk, splits = fa2_plan(b, h, t, s, d, sms or SMS)
+    if splits <= 1:
+        return dense(q, k, v, opts=opts, masked_lse=masked_lse, trace_at=trace_at)
+    n_blocks = -(-s // bk)
+    per = max(1, -(-n_blocks // splits))
+    ranges = [(j * bk, min(s, (j + per) * bk)) for j in range(0, n_blocks, per)]
+    parts = [dense(q, k, v, opts=opts, masked_lse="neg-inf", trace_at=trace_at, keys=r,
+                   block_k=bk) for r in ranges]
+    merged = merge_detail([p.out for p in parts], [p.lse for p in parts], dtype=np.float32)
+    lse = masked_as(merged.lse.astype(F32), masked_lse)
+    trace = tuple(st for p in parts for st in p.trace)
+    return replace(parts[0], out=merged.out.astype(F32), lse=lse, trace=trace,
+                   tiles_computed=sum(p.tiles_computed for p in parts),
+                   tiles_skipped=sum(p.tiles_skipped for p in parts),
+                   tiles_total=sum(p.tiles_total for p in parts),
+                   rescales=sum(p.rescales for p in parts),
+                   row_visits=sum(p.row_visits for p in parts),
+                   masked_rows=int(np.isneginf(merged.lse).sum()), trace_out=None,
+                   masked_lse=masked_lse, splits=len(parts))
+
+
+def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, kernel: Preset,
+           model: Model, mma: str, descale: Descale | None, tau: float, ops: Ops,
+           keys=None, block_k=None) -> Attention:
+    """One dense batch (or one key range of it) through the kernel's loop."""
+    d = np.shape(q)[-1]
+    dv = np.shape(v)[-1]
+    bk = block_k or kernel.block_k(d, dv, bool(opts.causal or opts.window is not None))
+    tiling = Tiling(block_q=kernel.block_q, block_k=bk, keys=keys, reverse=kernel.reverse)
+    plan = make_plan(q, k, v, opts, tiling, Hooks(np.float32), trace_at)
+    ar = _arith(kernel, model, plan, opts, descale, tau, mma, ops)
+    b, hk, g = plan.groups
+    out5 = np.zeros((b, hk, g, plan.t, dv), dtype=F32)
+    lse5 = np.zeros((b, hk, g, plan.t), dtype=F32)
+
+    def run(group):
+        return _q_tile(plan, ar, kernel, group[0], out5, lse5)
+
+    trace, counts = run_q_tiles(plan, [(i0,) for i0 in plan.q_starts], run, progress)
+    res = assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
+                   len(plan.q_starts) * len(plan.starts))
+    return replace(res, kernel=kernel.name)
+
+
+def _arith(kernel: Preset, m: Model, plan: Plan, opts: ScoreOptions, descale, tau: float,
+           mma: str, ops: Ops) -> Arith:
+    """c = scale·log2e in float32 (per kv group with FP8 descales), and S's units."""
+    b, hk, g = plan.groups
+    scale = F32(plan.scale)
+    if opts.softcap is not None and kernel.softcap == "score-mod":
+        c, nat = F32(LOG2E), 1.0  # FA4: the scale is applied before the softcap, S natural
+    elif opts.softcap is not None:
+        c, nat = F32(F32(opts.softcap) * F32(LOG2E)), float(opts.softcap)  # FA2: S = tanh(·)
+    else:
+        c, nat = F32(scale * F32(LOG2E)), float(scale)
+    c = np.full((b * hk, 1, 1), c, dtype=F32)
+    nat = np.full((b * hk, 1, 1), nat)
+    vscale = None
+    if descale is not None:
+        qd, kd, vd = (_per_kv(x, name, b, hk) for x, name in (
+            (descale.q, "q_descale"), (descale.k, "k_descale"), (descale.v, "v_descale")))
+        c = (c * qd * kd).astype(F32)
+        nat = nat * qd * kd
+        vscale = vd
+    p_dtype = m.dtype
+    emulated = None
+    if kernel.exp == "exp2-emu":
+        causal = bool(opts.causal or opts.window is not None)
+        emulated = kernel.emulated_columns(plan.q5.shape[-1], causal, m.name in EIGHT)
+    return Arith(c, nat, float(kernel.max_offset(m.name)), vscale, tau, mma, p_dtype, ops,
+                 emulated)
+
+
+def _per_kv(x, name: str, b: int, hk: int) -> np.ndarray:
+    """A descale factor of shape (B, Hkv) as (B·Hkv, 1, 1) float32; a ShapeError otherwise."""
+    x = np.asarray(x, dtype=F32)
+    if x.shape != (b, hk):
+        raise InputError(f"{name} has shape {tuple(x.shape)}; it must be (B, Hkv) = ({b}, {hk})")
+    if not (np.isfinite(x).all() and (x > 0).all()):
+        raise InputError(f"{name} must hold finite positive factors")
+    return x.reshape(b * hk, 1, 1)
+
+
+def exp2_emulated(x: np.ndarray) -> np.ndarray:
+    """FA4 SM100's software exp2 (docs/numerics.md#kernel-presets): x clamped at −127, its
+    integer part split off by floor, 2^f on [0, 1) by a degree-3 polynomial (Horner, fused
+    multiply-adds in float32), the integer part added to the exponent bits.
+
+    Example: exp2_emulated(np.float32([0.5])) -> [1.4142135] (within 2 ulps of √2)
+    """
+    x = np.asarray(x, dtype=F32)
+    zero = ~(x > F32(-127.0))  # -127 and below, -inf and NaN give +0 (fmax, then the bits)
+    x = np.maximum(x, F32(-127.0))
+    j = np.floor(x)
+    f = (x - j).astype(F32)
+    p = np.full_like(f, F32(EXP2_EMU[3]))
+    for coef in EXP2_EMU[2::-1]:
+        p = (p.astype(np.float64) * f + coef).astype(F32)  # one rounding: an fma
+    with np.errstate(over="ignore"):
+        bits_ = p.view(np.int32) + (j.astype(np.int32) << 23)
+    out = bits_.view(F32)
+    return np.where(zero, F32(0), np.where(np.isposinf(x), F32(np.inf), out)).astype(F32)
+
+
+def _mm(a: np.ndarray, b: np.ndarray, how: str, c: np.ndarray | None = None) -> np.ndarray:
+    """a @ b (+ c) in float32: BLAS, or the tensor cores' accumulation (module docstring)."""
+    if how == "blas":
+        prod = np.matmul(a, b)
+        return prod if c is None else np.add(c, prod, out=prod)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    acc = np.zeros((*a.shape[:-1], b.shape[-1])) if c is None else c.astype(np.float64)
+    for k0 in range(0, a.shape[-1], MMA_K):
+        terms = a64[..., :, None, k0:k0 + MMA_K] * np.swapaxes(b64[..., k0:k0 + MMA_K, :],
+                                                               -1, -2)[..., None, :, :]
+        terms = np.concatenate([acc[..., None], terms], axis=-1)
+        top = np.abs(terms).max(axis=-1, keepdims=True)
+        _, e = np.frexp(np.where(top == 0, 1.0, top))
+        quantum = np.ldexp(1.0, e - 1 - 23 - MMA_EXTRA)
+        acc = _toward_zero(np.trunc(terms / quantum).sum(axis=-1) * quantum[..., 0])
+    return acc.astype(F32)
+
+
+def _toward_zero(x: np.ndarray) -> np.ndarray:
+    """float64 to the float32 value next to it toward zero (as float64)."""
+    f = x.astype(F32)
+    over = np.abs(f.astype(np.float64)) > np.abs(x)
+    return np.where(over, np.nextafter(f, F32(0)), f).astype(np.float64)
+
+
+def _fma(a: np.ndarray, b, c) -> np.ndarray:
+    """a·b + c rounded once to float32 (the float64 product of two float32 is exact)."""
+    return (a.astype(np.float64) * b + c).astype(F32)
+
+
+def _scores(plan: Plan, ar: Arith, kernel: Preset, qt: np.ndarray, i0: int, n: int,
+            j0: int, j1: int, softcap: float | None) -> np.ndarray:
+    """S for one tile in the kernel's units: Q·Kᵀ, softcapped and biased as the kernel does;
+    the masks are applied by the caller."""
+    kT = np.swapaxes(plan.k3[:, j0:j1, :], -1, -2).astype(F32, copy=False)
+    s = _mm(qt, kT, ar.mma)
+    if softcap is not None:
+        cap = F32(softcap)
+        with np.errstate(over="ignore"):
+            if kernel.softcap == "score-mod":  # FA4: C·tanh((S·scale) / C)
+                x = ((s * F32(plan.scale)).astype(F32) / cap).astype(F32)
+                s = (cap * ar.ops.tanh_(x)).astype(F32)
+            else:  # FA2: tanh(S·(scale / C)), in units of C
+                x = (s * F32(F32(plan.scale) / cap)).astype(F32)
+                s = ar.ops.tanh_(x)
+    if plan.slopes is not None:
+        s = s + _alibi(plan, ar, i0, n, j0, j1, softcap)
+    return s
+
+
+def _alibi(plan: Plan, ar: Arith, i0: int, n: int, j0: int, j1: int,
+           softcap: float | None) -> np.ndarray:
+    """FA2's ALiBi in S's units (slope / scale): −slope·|i + s − t − j|, or under a causal
+    mask +slope·j (a per-row constant dropped: O the same, LSE not; docs/numerics.md#alibi)."""
+    g = plan.q5.shape[2]
+    unit = F32(softcap) if softcap is not None else F32(plan.scale)
+    slope = (np.repeat(plan.slopes, n, axis=-1).astype(F32) / unit).astype(F32)[..., None]
+    cols = np.arange(j0, j1, dtype=F32)[None, :]
+    if plan.band is not None and plan.band.right == 0 and plan.band.left is None:
+        return (slope * cols).astype(F32)
+    rows = np.tile(np.arange(i0, i0 + n), g)[:, None]
+    dist = np.abs(rows + plan.offset - np.arange(j0, j1)[None, :]).astype(F32)
+    return (-(slope * dist)).astype(F32)
+
+
+class _Row:
+    """The traced row's place in a tile stack and its steps."""
+
+    def __init__(self, plan: Plan, i0: int, n: int):
+        b, hk, g = plan.groups
+        ti = plan.traced[2]
+        self.at = None
+        if plan.traced[0] >= 0 and i0 <= ti < i0 + n:
+            self.at = (plan.at_row[0] * hk + plan.at_row[1], plan.at_row[2] * n + ti - i0)
+        self.steps: list[Step] = []
+
+
+def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
+    """The kernel's loop over K/V tiles for the query rows i0:i0+block_q of every head."""
+    b, hk, g = plan.groups
+    i1 = min(plan.t, i0 + plan.bq)
+    n = i1 - i0
+    d, dv = plan.q5.shape[-1], plan.v3.shape[-1]
+    qt = plan.q5[..., i0:i1, :].reshape(b * hk, g * n, d).astype(F32, copy=False)
+    rows = qt.shape[:-1]
+    m = np.full(rows, -np.inf, dtype=F32)
+    lanes = np.zeros((*rows, 4), dtype=F32)  # the row sum of each thread of a quad
+    o = np.zeros((*rows, dv), dtype=F32)
+    row = _Row(plan, i0, n)
+    at = row.at
+    counts = Counts()
+    off = F32(ar.offset)
+    for j0 in plan.starts:
+        j1 = min(plan.k1, j0 + plan.bk)
+        bounds = ((j0 - plan.k0) // plan.bk, j0, j1)
+        um = None
+        if plan.user_mask is not None:
+            um = plan.user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
+        kind = tile_kind(plan.band, um, i0, i1, j0, j1)
+        if kind == "skip":
+            counts.skipped += 1
+            if at is not None:
+                row.steps.append(_masked_step(bounds, m, lanes, o, ar, at))
+            continue
+        s = _scores(plan, ar, kernel, qt, i0, n, j0, j1, plan.softcap)
+        if kind == "partial" and plan.band is not None:
+            s = np.where(np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1)), s, F32(-np.inf))
+        if um is not None:
+            s = np.where(um, s, F32(-np.inf))
+        block_max = s.max(axis=-1)
+        m_new = np.maximum(m, block_max)
+        safe = np.where(np.isneginf(m_new), F32(0), m_new)
+        with np.errstate(invalid="ignore", over="ignore"):
+            arg = ((m - safe).astype(F32) * ar.c[..., 0]).astype(F32)
+        if ar.threshold > 0:  # FA4 SM100: keep m while the new max stays within τ (log2)
+            keep = np.isfinite(m) & (arg >= F32(-ar.threshold))
+            m_new = np.where(keep, m, m_new)
+            safe = np.where(keep, m, safe)
+            arg = np.where(keep, F32(0), arg)
+        alpha = ar.ops.exp2(arg)
+        p = _probabilities(kernel, ar, s, safe, off)
+        lanes = _row_sums(kernel, (lanes * alpha[..., None]).astype(F32), p)
+        o = _mm(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
+                (o * alpha[..., None]).astype(F32))
+        counts.computed += 1
+        counts.row_visits += n
+        counts.rescales += int(np.count_nonzero((m_new != m) & np.isfinite(m)))
+        if at is not None:
+            row.steps.append(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at, prev=row))
+        m = m_new
+    lse, o = _finalize(plan, ar, kernel, m, lanes, o, n, row)
+    out5[..., i0:i1, :] = o.reshape(b, hk, g, n, dv)
+    lse5[..., i0:i1] = lse.reshape(b, hk, g, n)
+    return row.steps, counts
+
+
+def _probabilities(kernel: Preset, ar: Arith, s: np.ndarray, safe: np.ndarray,
+                   off) -> np.ndarray:
+    """P of one tile: exp2(fma(S, c, offset − m·c)) (FA2, FA4; SM100 computes some columns by
+    its polynomial), or "exp": exp(S·scale − m·scale) in two roundings, as osm's own loop."""
+    c = ar.c[..., 0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if kernel.exp == "exp":
+            nat = ar.nat[..., 0].astype(F32)
+            return np.exp((s * nat[..., None]).astype(F32) - (safe * nat)[..., None]).astype(F32)
+        x = _fma(s, ar.c, (off - (safe * c).astype(F32))[..., None])
+        p = ar.ops.exp2(x)
+    if ar.emulated is not None:
+        cols = ar.emulated(s.shape[-1])
+        if cols.any():
+            p[..., cols] = exp2_emulated(x[..., cols])
+    return p
+
+
+def _row_sums(kernel: Preset, lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The running row sums after one tile, as the kernel's threads add them: "quad" (FA2,
+    FA4 SM90) four threads' sums kept apart (_lane_sums); "eight" (FA4 SM100) one thread's row
+    summed in eight running sums by column mod 8, the old sum folded into the first, then
+    ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7)), kept in lane 0; "plain" numpy's sum."""
+    if kernel.row_sum == "quad":
+        return _lane_sums(lanes, p)
+    if kernel.row_sum == "plain":
+        lanes[..., 0] += p.sum(axis=-1, dtype=F32)
+        return lanes
+    w = p.shape[-1]
+    pad = -w % 8
+    if pad:
+        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad), dtype=F32)], axis=-1)
+    cols = p.reshape(*p.shape[:-1], -1, 8)
+    acc = np.zeros((*p.shape[:-1], 8), dtype=F32)
+    acc[..., 0] = lanes[..., 0] + lanes[..., 1] + lanes[..., 2] + lanes[..., 3]  # one sum
+    for j in range(cols.shape[-2]):
+        np.add(acc, cols[..., j, :], out=acc)
+    a = acc
+    total = (((a[..., 0] + a[..., 2]) + (a[..., 4] + a[..., 6]))
+             + ((a[..., 1] + a[..., 3]) + (a[..., 5] + a[..., 7]))).astype(F32)
+    lanes[...] = 0
+    lanes[..., 0] = total
+    return lanes
+
+
+def _lane_sums(lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Each quad thread's running sum (in place): its old sum, then its columns
+    8j + 2·lane + {0, 1} added one at a time in that order."""
+    w = p.shape[-1]
+    pad = -w % 8
+    if pad:
+        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad), dtype=F32)], axis=-1)
+    cols = p.reshape(*p.shape[:-1], -1, 4, 2)  # (…, j, lane, e)
+    for j in range(cols.shape[-3]):
+        for e in range(2):
+            np.add(lanes, cols[..., j, :, e], out=lanes)
+    return lanes
+
+
+def _quad(lanes: np.ndarray) -> np.ndarray:
+    """The quad's butterfly sum (shfl_xor 2 then 1): (l0 + l2) + (l1 + l3)."""
+    return ((lanes[..., 0] + lanes[..., 2]).astype(F32)
+            + (lanes[..., 1] + lanes[..., 3]).astype(F32)).astype(F32)
+
+
+def _round_p(p: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """P converted to the input dtype for the P·V MMA (FP8: saturating at the largest finite,
+    as cvt.rn.satfinite does)."""
+    if bits(dtype) == 8:
+        p = np.minimum(p, F32(_f8max(dtype)))
+    return p.astype(dtype).astype(F32)
+
+
+def _f8max(dtype: np.dtype) -> float:
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).max)
+
+
+def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _Row):
+    """l from the quad, the sink joined (FA4), O · (1/l) (· v_descale), and the LSE."""
+    l = _quad(lanes)
+    c = ar.c[..., 0]
+    off = F32(ar.offset)
+    ms = (np.where(np.isneginf(m), F32(0), m) * c).astype(F32)
+    if plan.sinks is not None:
+        sink = plan.sink_rows(n).astype(F32)
+        l_prev = l
+        empty = np.isneginf(m)
+        ms = np.where(empty, (sink * F32(LOG2E)).astype(F32), ms)
+        with np.errstate(over="ignore"):
+            l = (l + ar.ops.exp2(_fma(sink, F32(LOG2E), off - ms))).astype(F32)
+        if row.at is not None:
+            at = row.at
+            nat = float(ar.nat[at[0], 0, 0])
+            sk = float(sink[at])
+            mm = float(m[at]) * nat if np.isfinite(m[at]) else -math.inf
+            row.steps.append(row_step((-1, 0, 0), sk, mm, mm if not empty[at] else sk, 1.0,
+                                      _show_l(float(l_prev[at]), ar), _show_l(float(l[at]), ar),
+                                      o[at] / F32(2.0 ** ar.offset), sink=True))
+    bad = (l == 0) | np.isnan(l)
+    safe_l = np.where(bad, F32(1), l)
+    if kernel.normalise == "reciprocal":
+        scale = ar.ops.recip(safe_l)
+        if ar.vscale is not None:
+            scale = (scale * ar.vscale[..., 0]).astype(F32)
+        o = (o * scale[..., None]).astype(F32)
+    else:
+        o = (o / safe_l[..., None]).astype(F32)
+        if ar.vscale is not None:
+            o = (o * ar.vscale).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kernel.lse == "log2":
+            lse = (((ms + (np.log2(safe_l).astype(F32) - off)).astype(F32)) * F32(LN2))
+        else:  # FA2: m·scale + ln l, one fma
+            unit = ar.nat[..., 0].astype(F32)
+            mm = np.where(np.isneginf(m), F32(0), m)
+            lse = _fma(mm, unit, np.log(safe_l).astype(F32))
+    lse = np.where(bad, F32(-np.inf), lse).astype(F32)
+    return lse, o
+
+
+def _show_l(l: float, ar: Arith) -> float:
+    """l as the trace shows it: the FP8 offset 2^offset divided back out."""
+    return l / 2.0 ** ar.offset
+
+
+def _step(bounds, block_max, m, m_new, alpha, lanes, o, ar: Arith, at, prev: _Row) -> Step:
+    """The traced row's Step for one tile, in natural-log units (m·scale)."""
+    nat = float(ar.nat[at[0], 0, 0])
+    l_now = float(_quad(lanes[at][None])[0])
+    l_prev = prev.steps[-1].l if prev.steps else 0.0
+
+    def natural(x) -> float:
+        return float(x) * nat if np.isfinite(x) else float(x)
+
+    return row_step(bounds, natural(block_max[at]), natural(m[at]), natural(m_new[at]),
+                    float(alpha[at]), l_prev, _show_l(l_now, ar), o[at] / F32(2.0 ** ar.offset))
+
+
+def _masked_step(bounds, m, lanes, o, ar: Arith, at) -> Step:
+    nat = float(ar.nat[at[0], 0, 0])
+    mm = float(m[at]) * nat if np.isfinite(m[at]) else float(m[at])
+    l = _show_l(float(_quad(lanes[at][None])[0]), ar)
+    return row_step(bounds, -np.inf, mm, mm, 1.0, l, l, o[at] / F32(2.0 ** ar.offset),
+                    masked=True)
+
+
+__all__ = ["LOG2E", "MMAS", "Descale", "exp2_emulated", "run_kernel"]

@@ -1,0 +1,203 @@
+"""Kernel presets: what a real FlashAttention kernel does to the numbers, one small frozen record
+each (docs/numerics.md#kernel-presets).
+
+A preset names the kernel's schedule (its K/V tile width per head dim, the order it visits the
+K/V tiles, its split-KV heuristic) and its arithmetic: how exp is computed (FA2/FA4: exp2 of
+S·scale·log2e − m·scale·log2e, the subtraction folded into one fused multiply-add), how O is
+normalised (a reciprocal then a multiply), where P is rounded, the LSE of a fully masked row,
+the lazy-rescale threshold and the FP8 offset. emulate.py runs any preset; "tiles" is osm's own
+readable loop (attention/), for fp32 and fp64 teaching runs.
+
+Leaves out: running (emulate.py), the dtypes (dtypes.py), the verdict (rule.py).
+
+Example: preset("fa2").block_k(64) -> 128
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from osm_cli.errors import OsmError
+
+from .names import KERNELS
+
+SIXTEEN = ("float16", "bfloat16")
+EIGHT = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One kernel's schedule and arithmetic, as emulate.py runs it."""
+
+    name: str
+    title: str  # the kernel in a few words
+    widths: tuple[tuple[int, int], ...]  # (largest head dim, block_k) by head dim; block_q last
+    block_q: int
+    reverse: bool  # K/V tiles visited last to first
+    split_kv: bool  # FA2's split-KV heuristic (few Q tiles for the GPU: key ranges merged)
+    exp: str  # "exp2-fma" (ex2 of one FMA), "exp2-emu" (FA4 SM100's polynomial), "exp"
+    normalise: str  # "reciprocal": O · (1/l); "divide": O / l
+    masked_lse: str  # LSE of a fully masked row: "pos-inf" (FA2) or "neg-inf" (FA3/FA4)
+    lse: str  # "ln": m·scale + ln l (FA2); "log2": (m·scale·log2e + log2 l)·ln 2 (FA4)
+    softcap: str  # "tanh-scaled" (FA2: tanh(S·scale/C), scale C) or "score-mod" (FA4)
+    dtypes: tuple[str, ...]  # input dtypes it takes
+    threshold16: float = 0.0  # lazy-rescale threshold, log2 units, for 16-bit inputs
+    threshold8: float = 0.0  # … and for FP8 inputs
+    max_offset8: int = 0  # FP8: P = exp2(x + offset), the row sum divided back
+    row_sum: str = "quad"  # how threads add l: "quad" (4 lanes), "eight" (SM100), "plain"
+    alibi: bool = False  # takes alibi_slopes (FA2); the causal shortcut of docs/#alibi
+    sinks: bool = True  # takes learnable sinks
+    verified: str = ""  # how osm checked it against the kernel
+
+    def block_k(self, d: int, dv: int | None = None, causal: bool = False) -> int:
+        """The K/V tile width for head dim d (FA4 SM90 narrows it for d > 96 by dv and causal)."""
+        for top, width in self.widths:
+            if d <= top:
+                if self.name == "fa4":
+                    return _fa4_width(d, d if dv is None else dv, causal, width)
+                return width
+        return self.widths[-1][1]
+
+    def emulated_columns(self, d: int, causal: bool, fp8: bool):
+        """FA4 SM100's columns of a K/V tile that its software exp2 computes (the rest use the
+        hardware's ex2): in each 32-column fragment j ≥ start but the last, the columns c with
+        c mod freq ≥ freq − 4. freq and start from the kernel's tuning table by head dim,
+        causal and FP8 (non-causal d = 128 runs 2-CTA: 10, 1; causal d ≤ 128: 16, or 8 for
+        FP8; d = 192: 16, 0 or causal 32, 1). Returns width -> boolean columns."""
+        import numpy as np
+
+        if d <= 128:
+            freq, start = (16, 1) if (causal or d <= 64) else (10, 1)
+            if causal and fp8:
+                freq = 8
+        elif d <= 192:
+            freq, start = (32, 1) if causal else (16, 0)
+        else:
+            freq, start = 14, 0
+
+        def columns(width: int):
+            c = np.arange(width)
+            frag = c // 32
+            last = (width - 1) // 32
+            return (frag >= start) & (frag != last) & ((c % 32) % freq >= freq - 4)
+
+        return columns
+
+    def threshold(self, dtype: str) -> float:
+        return self.threshold8 if dtype in EIGHT else self.threshold16
+
+    def max_offset(self, dtype: str) -> int:
+        return self.max_offset8 if dtype in EIGHT else 0
+
+    def check(self, dtype: str, *, alibi: bool = False, sinks: bool = False,
+              float_mask: bool = False) -> None:
+        """One Error: line naming the preset and the option it does not take."""
+        if dtype not in self.dtypes:
+            takes = ", ".join(self.dtypes)
+            hint = " (FP8: --kernel fa4-sm100)" if dtype in EIGHT else ""
+            raise OsmError(f"kernel {self.name} takes {takes} inputs, not {dtype}{hint}; "
+                           "--kernel tiles runs any dtype in osm's own loop")
+        for given, supported, what in ((alibi, self.alibi, "--alibi (ALiBi slopes)"),
+                                       (sinks, self.sinks, "--sinks"),
+                                       (float_mask, False, "a float mask (an added bias)")):
+            if given and not supported:
+                raise OsmError(f"kernel {self.name} ({self.title}) takes no {what}; "
+                               "--kernel tiles runs it in osm's own loop")
+
+
+def _fa4_width(d: int, dv: int, causal: bool, width: int) -> int:
+    """FA4's SM90 tile_n: 144 for d ≤ 96 unless causal (128); d ≤ 192: 128, or 112 for dv >
+    128; above: 80."""
+    if 64 < d <= 96:
+        return 128 if causal else 144
+    if 128 < d <= 192:
+        return 128 if dv <= 128 else 112
+    return width
+
+
+PRESETS: dict[str, Preset] = {
+    "fa2": Preset(
+        "fa2", "FlashAttention-2 forward (PyTorch's flash SDPA backend)",
+        ((64, 128), (10**9, 64)), 128, reverse=True, split_kv=True, exp="exp2-fma",
+        normalise="reciprocal", masked_lse="pos-inf", lse="ln", softcap="tanh-scaled",
+        dtypes=SIXTEEN, alibi=True, sinks=False,
+        verified="PyTorch 2.11 flash SDPA on an H200: bit for bit on ≥ 99.9 % (bf16)"),
+    "fa4": Preset(
+        "fa4", "FlashAttention-4 SM90 forward (flash_attn.cute, Hopper)",
+        ((64, 128), (96, 144), (128, 128), (192, 128), (10**9, 80)), 192, reverse=True,
+        split_kv=False, exp="exp2-fma", normalise="reciprocal", masked_lse="neg-inf",
+        lse="log2", softcap="score-mod", dtypes=SIXTEEN,
+        verified="flash-attn-4 4.0.0b36 on an H200 (sm_90)"),
+    "fa4-sm100": Preset(
+        "fa4-sm100", "FlashAttention-4 SM100 forward (Blackwell), from source only",
+        ((10**9, 128),), 128, reverse=True, split_kv=False, exp="exp2-emu",
+        normalise="reciprocal", masked_lse="neg-inf", lse="log2", softcap="score-mod",
+        dtypes=SIXTEEN + EIGHT, threshold16=8.0, threshold8=0.0, max_offset8=8,
+        row_sum="eight", verified="unverified on hardware: modelled from flash_attn/cute source"),
+    "tiles": Preset(
+        "tiles", "osm's own readable loop (attention/): exp(S − m), O / l",
+        ((64, 128), (10**9, 64)), 128, reverse=False, split_kv=False, exp="exp",
+        normalise="divide", masked_lse="neg-inf", lse="ln", softcap="scaled",
+        dtypes=("float64", "float32") + SIXTEEN + EIGHT, alibi=True, row_sum="plain",
+        verified="the float64 reference (docs/numerics.md#state)"),
+}
+
+
+SMS = 132  # streaming multiprocessors of an H100 / H200 SXM (an A100 has 108)
+
+
+def _num_splits(work: int, slots: int, n_blocks: int, most: int = 128) -> int:
+    """FlashAttention-2's split-KV heuristic (flash_api.cpp num_splits_heuristic)."""
+    if work >= 0.8 * slots:
+        return 1
+    most = min(most, slots, n_blocks)
+
+    def eligible(n: int) -> bool:  # n splits that do not just repeat n - 1's blocks per split
+        return n == 1 or -(-n_blocks // n) != -(-n_blocks // (n - 1))
+
+    eff = {}
+    for n in range(1, most + 1):
+        if eligible(n):
+            waves = work * n / slots
+            eff[n] = waves / math.ceil(waves)
+    best = max(eff.values(), default=0.0)
+    return next((n for n, e in eff.items() if e >= 0.85 * best), 1)
+
+
+def fa2_plan(b: int, h: int, t: int, s: int, d: int, sms: int = SMS) -> tuple[int, int, int]:
+    """(block_q, block_k, splits) of FlashAttention-2's forward for these sizes.
+
+    Few (batch · head · 64-row) blocks for the GPU's 2·sms slots: the split-KV kernel, with
+    64-row tiles, block_k 256 (d ≤ 64), 128 (d ≤ 128) or 64, and `splits` key ranges merged in
+    float32. Otherwise the standard kernel: 128-row tiles, block_k 128 (d ≤ 64) else 64.
+    Example: fa2_plan(1, 8, 1024, 1024, 64) -> (64, 256, 2)
+    """
+    block_n = 256 if d <= 64 else 128 if d <= 128 else 64
+    splits = _num_splits(b * h * -(-t // 64), 2 * sms, -(-s // block_n))
+    if splits <= 1:
+        return (128, 128 if d <= 64 else 64, 1)
+    return 64, block_n, splits
+
+
+def preset(name: str) -> Preset:
+    """The preset of a kernel name; a usage error listing them for any other name.
+
+    Example: preset("fa4").block_k(128) -> 128
+    """
+    if name not in PRESETS:  # "tiles" runs attention/ itself (model.run)
+        raise OsmError(f"unknown kernel {name!r}; the presets are {', '.join(KERNELS)}")
+    return PRESETS[name]  # "tiles" is no preset: attention/'s own loop
+
+
+def default_kernel(dtype: str | None) -> str:
+    """The kernel a run models when none is named: fa2 for 16-bit inputs, fa4-sm100 for FP8
+    (the one FP8 kernel of the presets), osm's own tiles for fp32 and fp64."""
+    if dtype in SIXTEEN:
+        return "fa2"
+    if dtype in EIGHT:
+        return "fa4-sm100"
+    return "tiles"
+
+
+__all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan", "preset"]
