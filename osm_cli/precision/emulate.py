@@ -49,17 +49,9 @@ from osm_cli.core.record import Step
 from osm_cli.errors import InputError, OsmError
 
 from .dtypes import DTYPES, bits
+from .gpu_ops import F32, LN2, LOG2E, MMAS, Ops, exp2_emulated, fma, matmul
 from .model import Model
 from .presets import EIGHT, SMS, Preset, fa2_plan
-
-LOG2E = math.log2(math.e)  # the kernels' LOG2_E / M_LOG2E, a float32 constant on the GPU
-LN2 = math.log(2.0)
-F32 = np.float32
-MMAS = ("blas", "tensor-core")
-MMA_K = 16  # the k of one 16-bit MMA instruction (mma.sync m16n8k16, wgmma …k16)
-MMA_EXTRA = 2  # bits the tensor cores keep below float32's last when aligning terms
-EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
-            0.077119089663028717041015625)  # FA4 SM100's 2^f on [0, 1), Horner from the top
 
 
 @dataclass(frozen=True)
@@ -70,33 +62,6 @@ class Descale:
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
-
-
-@dataclass(frozen=True)
-class Ops:
-    """The GPU's approximate instructions, as osm computes them: exp2 (ex2.approx), tanh
-    (tanh.approx) and 1/x (rcp.approx) in float32, correctly rounded on the CPU. An ablation
-    replaces one with values measured on the GPU (benchmarks/kernel_ablation.py)."""
-
-    ex2: Callable | None = None
-    tanh: Callable | None = None
-    rcp: Callable | None = None
-
-    def exp2(self, x: np.ndarray) -> np.ndarray:
-        if self.ex2 is not None:
-            return np.asarray(self.ex2(np.asarray(x, dtype=F32)), dtype=F32)
-        with np.errstate(over="ignore"):
-            return np.exp2(x, dtype=F32)
-
-    def tanh_(self, x: np.ndarray) -> np.ndarray:
-        if self.tanh is not None:
-            return np.asarray(self.tanh(np.asarray(x, dtype=F32)), dtype=F32)
-        return np.tanh(x.astype(np.float64)).astype(F32)
-
-    def recip(self, x: np.ndarray) -> np.ndarray:
-        if self.rcp is not None:
-            return np.asarray(self.rcp(np.asarray(x, dtype=F32)), dtype=F32)
-        return (F32(1) / x).astype(F32)
 
 
 @dataclass(frozen=True)
@@ -262,63 +227,12 @@ def _per_kv(x, name: str, b: int, hk: int) -> np.ndarray:
     return x.reshape(b * hk, 1, 1)
 
 
-def exp2_emulated(x: np.ndarray) -> np.ndarray:
-    """FA4 SM100's software exp2 (docs/numerics.md#kernel-presets): x clamped at −127, its
-    integer part split off by floor, 2^f on [0, 1) by a degree-3 polynomial (Horner, fused
-    multiply-adds in float32), the integer part added to the exponent bits.
-
-    Example: exp2_emulated(np.float32([0.5])) -> [1.4142135] (within 2 ulps of √2)
-    """
-    x = np.asarray(x, dtype=F32)
-    zero = ~(x > F32(-127.0))  # -127 and below, -inf and NaN give +0 (fmax, then the bits)
-    x = np.maximum(x, F32(-127.0))
-    j = np.floor(x)
-    f = (x - j).astype(F32)
-    p = np.full_like(f, F32(EXP2_EMU[3]))
-    for coef in EXP2_EMU[2::-1]:
-        p = (p.astype(np.float64) * f + coef).astype(F32)  # one rounding: an fma
-    with np.errstate(over="ignore"):
-        bits_ = p.view(np.int32) + (j.astype(np.int32) << 23)
-    out = bits_.view(F32)
-    return np.where(zero, F32(0), np.where(np.isposinf(x), F32(np.inf), out)).astype(F32)
-
-
-def _mm(a: np.ndarray, b: np.ndarray, how: str, c: np.ndarray | None = None) -> np.ndarray:
-    """a @ b (+ c) in float32: BLAS, or the tensor cores' accumulation (module docstring)."""
-    if how == "blas":
-        prod = np.matmul(a, b)
-        return prod if c is None else np.add(c, prod, out=prod)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    acc = np.zeros((*a.shape[:-1], b.shape[-1])) if c is None else c.astype(np.float64)
-    for k0 in range(0, a.shape[-1], MMA_K):
-        terms = a64[..., :, None, k0:k0 + MMA_K] * np.swapaxes(b64[..., k0:k0 + MMA_K, :],
-                                                               -1, -2)[..., None, :, :]
-        terms = np.concatenate([acc[..., None], terms], axis=-1)
-        top = np.abs(terms).max(axis=-1, keepdims=True)
-        _, e = np.frexp(np.where(top == 0, 1.0, top))
-        quantum = np.ldexp(1.0, e - 1 - 23 - MMA_EXTRA)
-        acc = _toward_zero(np.trunc(terms / quantum).sum(axis=-1) * quantum[..., 0])
-    return acc.astype(F32)
-
-
-def _toward_zero(x: np.ndarray) -> np.ndarray:
-    """float64 to the float32 value next to it toward zero (as float64)."""
-    f = x.astype(F32)
-    over = np.abs(f.astype(np.float64)) > np.abs(x)
-    return np.where(over, np.nextafter(f, F32(0)), f).astype(np.float64)
-
-
-def _fma(a: np.ndarray, b, c) -> np.ndarray:
-    """a·b + c rounded once to float32 (the float64 product of two float32 is exact)."""
-    return (a.astype(np.float64) * b + c).astype(F32)
-
-
 def _scores(plan: Plan, ar: Arith, kernel: Preset, qt: np.ndarray, i0: int, n: int,
             j0: int, j1: int, softcap: float | None) -> np.ndarray:
     """S for one tile in the kernel's units: Q·Kᵀ, softcapped and biased as the kernel does;
     the masks are applied by the caller."""
     kT = np.swapaxes(plan.k3[:, j0:j1, :], -1, -2).astype(F32, copy=False)
-    s = _mm(qt, kT, ar.mma)
+    s = matmul(qt, kT, ar.mma)
     if softcap is not None:
         cap = F32(softcap)
         with np.errstate(over="ignore"):
@@ -405,7 +319,7 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
         alpha = ar.ops.exp2(arg)
         p = _probabilities(kernel, ar, s, safe, off)
         lanes = _row_sums(kernel, (lanes * alpha[..., None]).astype(F32), p)
-        o = _mm(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
+        o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 (o * alpha[..., None]).astype(F32))
         counts.computed += 1
         counts.row_visits += n
@@ -428,7 +342,7 @@ def _probabilities(kernel: Preset, ar: Arith, s: np.ndarray, safe: np.ndarray,
         if kernel.exp == "exp":
             nat = ar.nat[..., 0].astype(F32)
             return np.exp((s * nat[..., None]).astype(F32) - (safe * nat)[..., None]).astype(F32)
-        x = _fma(s, ar.c, (off - (safe * c).astype(F32))[..., None])
+        x = fma(s, ar.c, (off - (safe * c).astype(F32))[..., None])
         p = ar.ops.exp2(x)
     if ar.emulated is not None:
         cols = ar.emulated(s.shape[-1])
@@ -510,7 +424,7 @@ def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _
         empty = np.isneginf(m)
         ms = np.where(empty, (sink * F32(LOG2E)).astype(F32), ms)
         with np.errstate(over="ignore"):
-            l = (l + ar.ops.exp2(_fma(sink, F32(LOG2E), off - ms))).astype(F32)
+            l = (l + ar.ops.exp2(fma(sink, F32(LOG2E), off - ms))).astype(F32)
         if row.at is not None:
             at = row.at
             nat = float(ar.nat[at[0], 0, 0])
@@ -536,7 +450,7 @@ def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _
         else:  # FA2: m·scale + ln l, one fma
             unit = ar.nat[..., 0].astype(F32)
             mm = np.where(np.isneginf(m), F32(0), m)
-            lse = _fma(mm, unit, np.log(safe_l).astype(F32))
+            lse = fma(mm, unit, np.log(safe_l).astype(F32))
     lse = np.where(bad, F32(-np.inf), lse).astype(F32)
     return lse, o
 
@@ -567,4 +481,4 @@ def _masked_step(bounds, m, lanes, o, ar: Arith, at) -> Step:
                     masked=True)
 
 
-__all__ = ["LOG2E", "MMAS", "Descale", "exp2_emulated", "run_kernel"]
+__all__ = ["MMAS", "Descale", "Ops", "run_kernel"]

@@ -1,0 +1,114 @@
+"""The GPU's float32 arithmetic as the kernels use it, on the CPU
+(docs/numerics.md#kernel-presets, #tensor-cores).
+
+- `fma(a, b, c)`: a·b + c rounded once (the float64 product of two float32 is exact; the sum is
+  rounded to float64 first, which differs from one rounding about once in 2^29).
+- `matmul(a, b, how, c)`: a @ b (+ c) in float32, by BLAS or as the tensor cores accumulate:
+  products summed 16 at a time (the k of one MMA instruction), each term aligned to the
+  largest and truncated 2 bits below float32's last, the accumulator truncated toward zero.
+- `exp2_emulated`: FA4 SM100's software exp2.
+- `Ops`: the approximate instructions (ex2, tanh, rcp) as osm computes them, or measured values.
+
+Leaves out: the loop that uses them (emulate.py).
+
+Example: fma(np.float32([3]), np.float32(1 / 3), np.float32([-1])) -> [~2.98e-08]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+LOG2E = math.log2(math.e)  # the kernels' LOG2_E / M_LOG2E, a float32 constant on the GPU
+LN2 = math.log(2.0)
+F32 = np.float32
+MMAS = ("blas", "tensor-core")
+MMA_K = 16  # the k of one 16-bit MMA instruction (mma.sync m16n8k16, wgmma …k16)
+MMA_EXTRA = 2  # bits the tensor cores keep below float32's last when aligning terms
+EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
+            0.077119089663028717041015625)  # FA4 SM100's 2^f on [0, 1), Horner from the top
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The GPU's approximate instructions, as osm computes them: exp2 (ex2.approx), tanh
+    (tanh.approx) and 1/x (rcp.approx) in float32, correctly rounded on the CPU. An ablation
+    replaces one with values measured on the GPU (benchmarks/kernel_ablation.py)."""
+
+    ex2: Callable | None = None
+    tanh: Callable | None = None
+    rcp: Callable | None = None
+
+    def exp2(self, x: np.ndarray) -> np.ndarray:
+        if self.ex2 is not None:
+            return np.asarray(self.ex2(np.asarray(x, dtype=F32)), dtype=F32)
+        with np.errstate(over="ignore"):
+            return np.exp2(x, dtype=F32)
+
+    def tanh_(self, x: np.ndarray) -> np.ndarray:
+        if self.tanh is not None:
+            return np.asarray(self.tanh(np.asarray(x, dtype=F32)), dtype=F32)
+        return np.tanh(x.astype(np.float64)).astype(F32)
+
+    def recip(self, x: np.ndarray) -> np.ndarray:
+        if self.rcp is not None:
+            return np.asarray(self.rcp(np.asarray(x, dtype=F32)), dtype=F32)
+        return (F32(1) / x).astype(F32)
+
+
+def exp2_emulated(x: np.ndarray) -> np.ndarray:
+    """FA4 SM100's software exp2 (docs/numerics.md#kernel-presets): x clamped at −127, its
+    integer part split off by floor, 2^f on [0, 1) by a degree-3 polynomial (Horner, fused
+    multiply-adds in float32), the integer part added to the exponent bits.
+
+    Example: exp2_emulated(np.float32([0.5])) -> [1.4142135] (within 2 ulps of √2)
+    """
+    x = np.asarray(x, dtype=F32)
+    zero = ~(x > F32(-127.0))  # -127 and below, -inf and NaN give +0 (fmax, then the bits)
+    x = np.maximum(x, F32(-127.0))
+    j = np.floor(x)
+    f = (x - j).astype(F32)
+    p = np.full_like(f, F32(EXP2_EMU[3]))
+    for coef in EXP2_EMU[2::-1]:
+        p = (p.astype(np.float64) * f + coef).astype(F32)  # one rounding: an fma
+    with np.errstate(over="ignore"):
+        bits_ = p.view(np.int32) + (j.astype(np.int32) << 23)
+    out = bits_.view(F32)
+    return np.where(zero, F32(0), np.where(np.isposinf(x), F32(np.inf), out)).astype(F32)
+
+
+def matmul(a: np.ndarray, b: np.ndarray, how: str, c: np.ndarray | None = None) -> np.ndarray:
+    """a @ b (+ c) in float32: BLAS, or the tensor cores' accumulation (module docstring)."""
+    if how == "blas":
+        prod = np.matmul(a, b)
+        return prod if c is None else np.add(c, prod, out=prod)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    acc = np.zeros((*a.shape[:-1], b.shape[-1])) if c is None else c.astype(np.float64)
+    for k0 in range(0, a.shape[-1], MMA_K):
+        terms = a64[..., :, None, k0:k0 + MMA_K] * np.swapaxes(b64[..., k0:k0 + MMA_K, :],
+                                                               -1, -2)[..., None, :, :]
+        terms = np.concatenate([acc[..., None], terms], axis=-1)
+        top = np.abs(terms).max(axis=-1, keepdims=True)
+        _, e = np.frexp(np.where(top == 0, 1.0, top))
+        quantum = np.ldexp(1.0, e - 1 - 23 - MMA_EXTRA)
+        acc = toward_zero(np.trunc(terms / quantum).sum(axis=-1) * quantum[..., 0])
+    return acc.astype(F32)
+
+
+def toward_zero(x: np.ndarray) -> np.ndarray:
+    """float64 to the float32 value next to it toward zero (as float64)."""
+    f = x.astype(F32)
+    over = np.abs(f.astype(np.float64)) > np.abs(x)
+    return np.where(over, np.nextafter(f, F32(0)), f).astype(np.float64)
+
+
+def fma(a: np.ndarray, b, c) -> np.ndarray:
+    """a·b + c rounded once to float32 (the float64 product of two float32 is exact)."""
+    return (a.astype(np.float64) * b + c).astype(F32)
+
+
+__all__ = ["EXP2_EMU", "F32", "LN2", "LOG2E", "MMAS", "Ops", "exp2_emulated", "fma", "matmul",
+           "toward_zero"]
