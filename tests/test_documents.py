@@ -54,7 +54,7 @@ def test_attention_doc_keys():
                 window=None, mask=None)
     m, (q, k, v), notes = prepare("bf16", None, None, q, k, v)
     doc = attention_doc(attention_report(q, k, v, ScoreOptions(**mask), Tiling(),
-                                         model=m, notes=notes, splits=2))
+                                         model=m, notes=notes, splits=2, kernel="tiles"))
     assert list(doc)[-5:] == ["trace", "precision", "splits", "splits_max_abs_diff",
                               "splits_max_lse_diff"]
     assert doc["precision"]["dtype"] == "bfloat16" and doc["precision"]["verdict"]["passed"]

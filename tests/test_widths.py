@@ -137,7 +137,8 @@ ATTENTIONS = [
     ["{d}/big.npz", "--causal", "--splits", "3", "--order", "shuffle", "--rescale-threshold",
      "3"],
     ["{d}/wide.npz", "--block-k", "16", "--all"],
-    ["{d}/wide.npz", "--block-k", "16", "--form", "merge", "--dtype", "bf16"],
+    ["{d}/wide.npz", "--block-k", "16", "--form", "merge", "--dtype", "bf16",
+     "--kernel", "tiles"],
     ["{d}/wide.npz", "--dtype", "fp16", "--precision", "naive"],
     ["samples/long.npz", "--causal", "--block-k", "32", "--query", "300"],
 ]

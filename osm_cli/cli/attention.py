@@ -43,12 +43,17 @@ from .options import (
     HeadOpt,
     InputDtypeOpt,
     JsonOpt,
+    KDescaleOpt,
+    KernelOpt,
     Layout,
     LayoutOpt,
     MaskedLse,
     MaskOpt,
+    Mma,
+    MmaOpt,
     NoReferenceOpt,
     PrecisionOpt,
+    QDescaleOpt,
     QueryOpt,
     ScaleOpt,
     SeedOpt,
@@ -56,6 +61,7 @@ from .options import (
     StepOpt,
     TileOrder,
     UpdateForm,
+    VDescaleOpt,
     WindowOpt,
 )
 
@@ -80,8 +86,10 @@ def attention(
     ] = None,
     layout: LayoutOpt = Layout.bhnd,
     masked_lse: Annotated[
-        MaskedLse, typer.Option("--masked-lse", help="LSE of fully masked rows.")
-    ] = MaskedLse.neg_inf,
+        MaskedLse | None, typer.Option("--masked-lse", help="LSE of fully masked rows "
+                                       "(default: the kernel's own: fa2 pos-inf, fa4, "
+                                       "fa4-sm100 and tiles neg-inf).")
+    ] = None,
     form: Annotated[
         UpdateForm, typer.Option("--form", help="Update form of the online step.")
     ] = UpdateForm.rescale,
@@ -103,10 +111,17 @@ def attention(
     ] = TileOrder.forward,
     seed: SeedOpt = 0,
     rescale_threshold: Annotated[
-        float, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): move m "
-                            "only when a tile's max exceeds it by more than τ (natural log).")
-    ] = 0.0,
+        float | None, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): "
+                                   "move m only when a tile's max exceeds it by more than τ "
+                                   "(natural log; a kernel preset gets τ·log2(e), its log2 "
+                                   "units; default 0, fa4-sm100's own 8 log2 units in 16 bit).")
+    ] = None,
     dtype: DtypeOpt = None,
+    kernel: KernelOpt = None,
+    mma: MmaOpt = Mma.blas,
+    q_descale: QDescaleOpt = None,
+    k_descale: KDescaleOpt = None,
+    v_descale: VDescaleOpt = None,
     precision: PrecisionOpt = None,
     accum: AccumOpt = None,
     input_dtype: InputDtypeOpt = None,
@@ -132,6 +147,7 @@ def attention(
       osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4
       osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
       osm attention q.npy k.npy v.npy --dtype bf16
+      osm attention q.npy k.npy v.npy --dtype bf16 --kernel fa4
     """
     from osm_cli import io
     from osm_cli.attention.options import Tiling
@@ -139,7 +155,7 @@ def attention(
     from osm_cli.precision.model import prepare
     from osm_cli.present import attention as render
     from osm_cli.present import json as documents
-    from osm_cli.reports.attention import attention_report
+    from osm_cli.reports.attention import attention_report, kernel_for, preset_refusals
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
     q, k, v = io.load_qkv(files, input_dtype)
@@ -153,14 +169,19 @@ def attention(
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
         raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
                        "naive is one-shot attention")
+    name = kernel_for(lab, kernel and kernel.value)
+    scales = descales(q_descale, k_descale, v_descale)
+    preset_refusals(name or "tiles", order=order.value, form=form.value, splits=splits,
+                    block_q=block_q, descale=scales, dtype=lab and lab.name)
     need_plot(plot)
-    tiling = Tiling(block_q=block_q, block_k=block_k, form=form.value,
-                    threshold=rescale_threshold)
+    tiling = Tiling(block_q=block_q, block_k=block_k, form=form.value)
     with progress() as tick:
         rep = attention_report(
             q, k, v, opts, tiling, model=lab, notes=notes, splits=splits, order=order.value,
             seed=seed, with_reference=not no_reference, progress=tick,
-            masked_lse=masked_lse.value, trace_at=inputs.traced(batch, head, query))
+            masked_lse=masked_lse and masked_lse.value, kernel=kernel and kernel.value,
+            mma=mma.value, descale=scales, rescale_threshold=rescale_threshold,
+            trace_at=inputs.traced(batch, head, query))
     res = rep.result
     save((out_path, rep.stored_out, None), (lse_path, res.lse, None),
          *attention_files(csv, plot, res, q, k, opts, files))
@@ -207,6 +228,11 @@ def check(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
+    kernel: KernelOpt = None,
+    mma: MmaOpt = Mma.blas,
+    q_descale: QDescaleOpt = None,
+    k_descale: KDescaleOpt = None,
+    v_descale: VDescaleOpt = None,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
     inputs=None,
@@ -230,6 +256,7 @@ def check(
     from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
+    from osm_cli.precision.presets import default_kernel
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
@@ -243,8 +270,19 @@ def check(
 
         held = io.bundle_inputs(files[0])
         opts = replace(opts, **{n: x for n, x in held.items() if getattr(opts, n) is None})
+    from osm_cli.precision.dtypes import dtype_name, resolve_dtype
+    from osm_cli.reports.attention import preset_refusals
+
+    dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
+    kname = (kernel and kernel.value) or default_kernel(dname)
+    scales = descales(q_descale, k_descale, v_descale)
+    preset_refusals(kname, descale=scales, dtype=dname)
+    if kname == "tiles" and mma is not Mma.blas:
+        raise OsmError(f"--mma {mma.value} models a kernel preset's matmuls; --kernel tiles is "
+                       "osm's own loop")
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
-                opts=opts, grad_rule=grad_rule.value, **t)
+                opts=opts, grad_rule=grad_rule.value, kernel=kname, mma=mma.value,
+                descale=scales, **t)
     if as_json:
         emit_json(documents.check_doc(rep))
     else:
@@ -285,6 +323,29 @@ def kernel_tensors(files: list[str], lse: str | None, input_dtype: str | None,
         if key in t:
             io.check_real(t[key], where[key])
     return {**t, "name": name}
+
+
+def descales(q_path: str | None, k_path: str | None, v_path: str | None):
+    """--q-descale, --k-descale, --v-descale as an emulate.Descale (None when none is given):
+    all three or none, each a tensor file of real numbers, read as float32."""
+    paths = {"q": q_path, "k": k_path, "v": v_path}
+    if all(p is None for p in paths.values()):
+        return None
+    missing = [f"--{n}-descale" for n, p in paths.items() if p is None]
+    if missing:
+        raise OsmError(f"give --q-descale, --k-descale and --v-descale together; missing "
+                       f"{', '.join(missing)}")
+    import numpy as np
+
+    from osm_cli import io
+    from osm_cli.precision.emulate import Descale
+
+    arrays = {}
+    for n, p in paths.items():
+        arr = io.load_array(Path(p), mmap=False)
+        io.check_real(arr, p)
+        arrays[n] = np.asarray(arr, dtype=np.float32)
+    return Descale(**arrays)
 
 
 def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:

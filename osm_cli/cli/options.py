@@ -19,7 +19,15 @@ import typer
 from osm_cli.attention.names import ALIGNS, KV_LAYOUTS, LAYOUTS, MASKED_LSE
 from osm_cli.core.names import FORMS, LSE_BASES
 from osm_cli.errors import OsmError
-from osm_cli.precision.names import ACCUMS, ALIASES, DTYPE_NAMES, GRAD_RULES, PRECISIONS, canonical
+from osm_cli.precision.names import (
+    ACCUMS,
+    ALIASES,
+    DTYPE_NAMES,
+    GRAD_RULES,
+    KERNELS,
+    PRECISIONS,
+    canonical,
+)
 from osm_cli.studies import costmodel
 from osm_cli.studies.names import ORDERS
 
@@ -44,6 +52,9 @@ PrecisionModel = _choices("PrecisionModel", PRECISIONS)
 AccumDtype = _choices("AccumDtype", ACCUMS)
 LseBase = _choices("LseBase", LSE_BASES)
 GradRule = _choices("GradRule", GRAD_RULES)
+Kernel = _choices("Kernel", KERNELS)
+MMA_NAMES = ("blas", "tensor-core")  # precision/gpu_ops.MMAS (numpy-free here; a test checks)
+Mma = _choices("Mma", MMA_NAMES)
 
 
 def dtype_name(value):
@@ -131,6 +142,25 @@ PrecisionOpt = Annotated[PrecisionModel | None, typer.Option(
     "before P·V; the default) or naive (everything in the dtype).")]
 AccumOpt = Annotated[AccumDtype | None, typer.Option(
     "--accum", help="With --dtype: the state's dtype (default float32; float64 for float64).")]
+# The kernel preset a model runs (precision/presets.py), on attention, backward, check, sweep.
+KernelOpt = Annotated[Kernel | None, typer.Option(
+    "--kernel", help="The kernel whose schedule and arithmetic the model follows: fa2 "
+    "(FlashAttention-2, PyTorch's flash SDPA), fa4 (FlashAttention-4 on Hopper), fa4-sm100 "
+    "(FlashAttention-4 on Blackwell, modelled from source, the FP8 one) or tiles (osm's own "
+    "readable loop). Default: fa2 for a 16-bit --dtype, fa4-sm100 for FP8, tiles otherwise.")]
+MmaOpt = Annotated[Mma, typer.Option(
+    "--mma", help="A kernel preset's matmuls: blas (float32, within an ulp) or tensor-core "
+    "(models the tensor cores' truncating float32 accumulation; slower; bit-faithful).")]
+
+
+def descale_option(which: str):
+    """--q-descale, --k-descale, --v-descale FILE: FP8's descale factors (B, Hkv)."""
+    return Annotated[str | None, typer.Option(
+        f"--{which}-descale", metavar="FILE", help=f"FP8 (fa4-sm100): {which.upper()}'s descale "
+        "factors, a float32 tensor file of shape (B, Hkv); the stored values are x / descale.")]
+
+
+QDescaleOpt, KDescaleOpt, VDescaleOpt = (descale_option(w) for w in "qkv")
 # Options shared by trace and attention (sweep's --csv is the same option, naming its table).
 CsvOpt = csv_option("the step table")
 SweepCsvOpt = csv_option("the sweep table")

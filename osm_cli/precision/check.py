@@ -57,6 +57,8 @@ class CheckReport:
     total_rows: int
     hint: str = ""
     grads: tuple = ()  # gradcheck.GradCheck per gradient judged (dq, dk, dv given)
+    kernel: str | None = None  # the preset whose model ran beside (presets.py); None: no model
+    mma: str = "blas"  # how the model's matmuls rounded (emulate.MMAS)
 
     @property
     def passed(self) -> bool:
@@ -82,7 +84,8 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
 
 def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, top: int = 5,
           with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
-          kernel: str | None = None, mma: str = "blas", **options) -> CheckReport:
+          kernel: str | None = None, mma: str = "blas", descale=None,
+          **options) -> CheckReport:
     """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
 
     dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
@@ -90,7 +93,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     are the kernel's gradients for the upstream gradient do, judged by FlashAttention's backward
     rule `grad_rule` (gradcheck.GRAD_RULES). kernel names the preset whose model runs beside
     (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its
-    matmuls round (emulate.MMAS).
+    matmuls round (emulate.MMAS). descale (emulate.Descale, FP8): q, k, v hold x / descale;
+    the reference and plain attention see x, the model takes the factors as the kernel does.
     Example: check(o, q, k, v, "fp16", lse=lse, causal=True).passed
     """
     opts = split_options(options, opts)[0]
@@ -108,22 +112,24 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     if out.dtype.kind not in "f" and out.dtype not in (
             DTYPES["bfloat16"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]):
         raise OsmError(f"OUT has dtype {out.dtype}; a kernel's output is floating point")
-    ref, ref_lse = reference(q, k, v, opts)
+    eq, ek, ev = (q, k, v) if descale is None else descaled_inputs(q, k, v, descale, opts)
+    ref, ref_lse = reference(eq, ek, ev, opts)
     if out.shape != ref.shape:
         raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
                        f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
     if lse is not None:
         lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
-    pt, pt_lse = plain(q, k, v, dt, opts)
+    pt, pt_lse = plain(eq, ek, ev, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
     verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
-    model_err = None
+    model_err, name = None, None
     if with_model:
         m = model(dtype_name(dt))
-        model_err = max_abs(run_flash(m, q, k, v, trace_at=None,
-                                       kernel=kernel or default_kernel(m.name), opts=opts,
-                                       mma=mma).out - ref)
+        name = kernel or default_kernel(m.name)
+        extra = {} if name == "tiles" else {"mma": mma, "descale": descale}
+        model_err = max_abs(run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts,
+                                       **extra).out - ref)
     rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view_of(opts), top)
     grads = ()
     if given:
@@ -133,7 +139,35 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
                             with_model=with_model, rule=grad_rule)
     return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
                        int(np.count_nonzero(over)), int(over.size),
-                       "" if verdict.passed else _hint(out, dt), grads)
+                       "" if verdict.passed else _hint(out, dt), grads, name, mma)
+
+
+def descaled_inputs(q, k, v, descale, opts: ScoreOptions):
+    """FP8's stored Q, K, V times their descale factors (emulate.Descale, each (B, Hkv)), in
+    float64: the tensors whose attention the kernel computes. One error line for a factor of
+    the wrong shape or a non-positive one; a varlen or paged batch takes none."""
+    if opts.packing.active:
+        raise OsmError("FP8 descale factors are per (batch, kv head) of a dense batch; a varlen "
+                       "or paged batch takes none here")
+    q4 = as_bhnd(np.asarray(q), opts.layout, "Q")
+    k4 = as_bhnd(np.asarray(k), opts.layout, "K")
+    b, hq, hk = q4.shape[0], q4.shape[1], k4.shape[1]
+    outs = []
+    for x, f, name in ((q, descale.q, "q"), (k, descale.k, "k"), (v, descale.v, "v")):
+        f = np.asarray(f)
+        if f.shape != (b, hk):
+            raise OsmError(f"--{name}-descale has shape {tuple(f.shape)}; it must be (B, Hkv) "
+                           f"= ({b}, {hk})")
+        f = f.astype(np.float64)
+        if not (np.isfinite(f).all() and (f > 0).all()):
+            raise OsmError(f"--{name}-descale must hold finite positive factors")
+        x64 = np.array(x, dtype=np.float64)
+        if name == "q":
+            f = np.repeat(f, hq // max(hk, 1), axis=1)
+        view = as_bhnd(x64, opts.layout, name.upper())
+        view *= f[:, :, None, None]
+        outs.append(x64)
+    return tuple(outs)
 
 
 def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
@@ -207,4 +241,4 @@ def output_dtype(out: np.ndarray, name: str) -> np.dtype:
     raise OsmError(f"{name}: has dtype {out.dtype}; give --dtype (one of {', '.join(DTYPES)})")
 
 
-__all__ = ["CheckReport", "HeadError", "RowError", "check", "output_dtype"]
+__all__ = ["CheckReport", "HeadError", "RowError", "check", "descaled_inputs", "output_dtype"]

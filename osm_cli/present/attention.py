@@ -18,9 +18,43 @@ from .stepmode import frame
 from .verdicts import precision_summary
 
 
-def attention_summary(res, ref_err: dict | None) -> Table:
-    """Shapes, conventions, tile counts and the error against the float64 reference."""
+def kernel_text(name: str, res, *, mma: str = "blas", dtype: str | None = None,
+                block_k_given: bool = False) -> str:
+    """One line on the kernel a run modelled (precision/presets.py): its tile width and order,
+    split-KV, exp, lazy rescale, FP8's offset, the normalisation, the matmuls, how verified.
+    res: the run's Attention record (its block_k and splits)."""
+    from osm_cli.precision.presets import PRESETS
+
+    p = PRESETS[name]
+    title = "osm's own readable loop (attention/)" if name == "tiles" else p.title
+    order = "last to first" if p.reverse else "first to last"
+    width = f"{res.block_k} (--block-k, not the kernel's own)" if block_k_given else (
+        f"{res.block_k}")
+    parts = [f"K/V tiles of {width} visited {order}"]
+    if getattr(res, "splits", 1) > 1:
+        parts.append(f"split-KV: {res.splits} key ranges merged in float32")
+    parts.append({"exp2-fma": "exp2 on an FMA",
+                  "exp2-emu": "exp2 on an FMA, some columns by a degree-3 polynomial",
+                  "exp": "exp(S − m)"}[p.exp])
+    if dtype is not None and p.threshold(dtype) > 0:
+        parts.append(f"lazy rescale τ = {p.threshold(dtype):g} (log2)")
+    if dtype is not None and p.max_offset(dtype):
+        parts.append(f"P = exp2(… + {p.max_offset(dtype)}) before FP8")
+    parts.append("O·(1/l)" if p.normalise == "reciprocal" else "O / l")
+    if mma == "tensor-core":
+        parts.append("tensor cores' truncating accumulation")
+    line = f"{name}: {title}: {'; '.join(parts)}"
+    if name == "fa4-sm100":
+        line += "; unverified on hardware (modelled from source)"
+    return line
+
+
+def attention_summary(res, ref_err: dict | None, kernel: str | None = None) -> Table:
+    """Shapes, conventions, tile counts and the error against the float64 reference; kernel
+    (kernel_text's line) is the summary's line on the kernel modelled, None for none."""
     rows = convention_rows(res)
+    if kernel is not None:
+        rows.append(("kernel", kernel))
     if res.one_shot:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
@@ -75,7 +109,11 @@ def kernel_inputs_rows(res) -> list:
 def attention_heads(rep) -> list:
     """What comes before osm attention's trace (report.AttentionReport): the summary, and under
     --dtype the precision model, the inputs' rounding and the verdict."""
-    heads = [attention_summary(rep.result, rep.errors)]
+    kernel = None
+    if rep.shown and rep.kernel is not None:
+        kernel = kernel_text(rep.kernel, rep.result, mma=rep.mma, block_k_given=rep.block_k_given,
+                             dtype=rep.model.name if rep.model is not None else None)
+    heads = [attention_summary(rep.result, rep.errors, kernel)]
     if rep.model is not None:
         heads.append(precision_summary(rep.model, rep.notes, rep.verdict))
     if rep.baseline is not None:

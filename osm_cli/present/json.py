@@ -230,7 +230,9 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
 def attention_doc(rep) -> dict:
     """osm attention --json (report.AttentionReport): the summary and trace, then the keys of
     --dtype (precision) and --splits."""
-    doc = attention_summary(rep.result, rep.errors, rep.ref_row)
+    doc = {"kernel": rep.kernel, "mma": rep.mma,  # the preset modelled (None: naive)
+           **({"kernel_splits": rep.result.splits} if rep.kernel not in (None, "tiles") else {}),
+           **attention_summary(rep.result, rep.errors, rep.ref_row)}
     if rep.model is not None:
         doc["precision"] = precision_doc(rep.model, rep.notes, rep.verdict)
     if rep.baseline is not None:

@@ -22,8 +22,12 @@ from osm_cli.attention.shapes import as_bhnd, row_of
 from osm_cli.attention.split import SplitRun, split_kv
 from osm_cli.core.reference import max_abs_diff
 from osm_cli.errors import OsmError
+from osm_cli.precision.check import descaled_inputs
 from osm_cli.precision.dtypes import Rounding
+from osm_cli.precision.gpu_ops import LOG2E
+from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import Model, hooks_for, judge_run, run, storable
+from osm_cli.precision.presets import PRESETS, default_kernel
 from osm_cli.precision.rule import Verdict
 from osm_cli.studies.order import block_order
 
@@ -53,6 +57,10 @@ class AttentionReport:
     ref_row: np.ndarray | None = None  # the reference's traced row
     verdict: Verdict | None = None  # of a model's run (with the reference)
     baseline: Baseline | None = None  # with --order or a rescale threshold: vs forward, eager
+    kernel: str | None = "tiles"  # the kernel preset that ran (presets.py); None: naive
+    mma: str = "blas"  # how a preset's matmuls rounded (emulate.MMAS)
+    block_k_given: bool = False  # --block-k replaced a preset's own tile width
+    shown: bool = False  # the kernel named on the screen (a model ran, or --kernel was given)
 
     @property
     def stored_out(self) -> np.ndarray:
@@ -71,10 +79,62 @@ def _tile_order(q, k, order: str, seed: int, block_k: int | None, layout: str):
     return block_order(-(-s // bk), order, seed)
 
 
+def kernel_for(model: Model | None, kernel: str | None) -> str | None:
+    """The kernel a run models: the one named, else fa2 for 16-bit, fa4-sm100 for FP8 and
+    osm's own tiles otherwise (presets.default_kernel); None for precision naive (no tiles).
+    A preset needs a model (--dtype) and a tiled one."""
+    if model is not None and model.precision == "naive":
+        if kernel not in (None, "tiles"):
+            raise OsmError(f"--kernel {kernel} models a tiled kernel; --precision naive is "
+                           "one-shot attention")
+        return None
+    name = kernel or (default_kernel(model.name) if model is not None else "tiles")
+    if name != "tiles" and model is None:
+        takes = " or ".join(PRESETS[name].dtypes)
+        raise OsmError(f"--kernel {name} models a kernel of {takes} inputs; give --dtype "
+                       "(e.g. --dtype bf16), or --kernel tiles for osm's own loop")
+    return name
+
+
+def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
+                    splits: int | None = None, block_q: int | None = None,
+                    descale=None, dtype: str | None = None) -> None:
+    """What a kernel preset does not take from the command line, as one error line naming
+    both: another tile order, the merge form, --splits, --block-q, descales off FP8."""
+    if name == "tiles":
+        if descale is not None:
+            raise OsmError("--q-descale, --k-descale and --v-descale are FP8's descale factors "
+                           "of a kernel; --kernel tiles is osm's own loop (use --kernel "
+                           "fa4-sm100)")
+        return
+    p = PRESETS[name]
+    visits = "last to first" if p.reverse else "first to last"
+    if order != "forward":
+        raise OsmError(f"--order {order} needs --kernel tiles; {name} visits its K/V tiles "
+                       f"{visits}")
+    if form != "rescale":
+        raise OsmError(f"--form {form} needs --kernel tiles; {name} updates its state in the "
+                       "rescale form")
+    if splits is not None:
+        how = ("chooses its split-KV ranges itself (FA2's heuristic)" if p.split_kv
+               else "runs its K/V in one pass")
+        raise OsmError(f"--splits {splits} needs --kernel tiles; {name} {how}")
+    if block_q is not None:
+        raise OsmError(f"--block-q {block_q} needs --kernel tiles; {name} runs query tiles of "
+                       f"{p.block_q} rows")
+    if descale is not None and not any(d.startswith("float8") for d in p.dtypes):
+        raise OsmError(f"--q-descale, --k-descale and --v-descale scale FP8 inputs; kernel "
+                       f"{name} takes no FP8 (--kernel fa4-sm100 with --dtype e4m3 or e5m2)")
+    if descale is not None and not (dtype or "").startswith("float8"):
+        raise OsmError("--q-descale, --k-descale and --v-descale scale FP8 inputs; use them "
+                       "with --dtype e4m3 or e5m2")
+
+
 def attention_report(
     q, k, v, opts: ScoreOptions, tiling: Tiling, *, model: Model | None = None,
     notes: tuple = (), splits: int | None = None, order: str = "forward", seed: int = 0,
-    with_reference: bool = True, progress=None, **run_kw,
+    with_reference: bool = True, progress=None, kernel: str | None = None, mma: str = "blas",
+    descale=None, rescale_threshold: float | None = None, **run_kw,
 ) -> AttentionReport:
     """Run attention on q, k, v and check it against the float64 one-shot reference.
 
@@ -82,12 +142,31 @@ def attention_report(
     opts and tiling are attention's records; run_kw its masked_lse and trace_at. order
     (forward, reverse, shuffle with `seed`) is the order to visit the K/V tiles in; splits also
     runs split-KV with that many chunks; progress(done, total) is called as Q tiles finish.
+    kernel names the preset (kernel_for's default); a preset runs its own loop (emulate.py)
+    with mma, FP8's descale (emulate.Descale) and rescale_threshold (natural log, given to the
+    kernel in log2 units; None: the kernel's own), tiling.block_k replacing its tile width.
     """
     if opts.packing.active and (splits is not None or order != "forward"):
         raise OsmError("--splits and --order run on one dense batch; a varlen or paged batch "
                        "runs its sequences one by one")
+    shown = model is not None or kernel is not None
+    name = kernel_for(model, kernel)
+    tau = rescale_threshold
+    if name not in (None, "tiles"):
+        preset_refusals(name, order=order, form=tiling.form, splits=splits,
+                        block_q=tiling.block_q, descale=descale, dtype=model.name)
+        return _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
+                              with_reference, progress, shown, run_kw)
+    preset_refusals(name or "tiles", descale=descale)
+    if mma != "blas":
+        raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
+                       "own loop")
+    if tau is not None:
+        tiling = replace(tiling, threshold=tau)
     hooks = hooks_for(model, splits)
     run_kw = {**run_kw, "opts": opts, "hooks": hooks}
+    if run_kw.get("masked_lse") is None:  # osm's own loop: −inf, as since 0.1
+        run_kw["masked_lse"] = "neg-inf"
     tiles = _tile_order(q, k, order, seed, tiling.block_k, opts.layout)
     res = run(model, q, k, v, progress=progress, tiling=replace(tiling, order=tiles), **run_kw)
     split = None if splits is None else split_kv(q, k, v, splits, res, tiling=tiling, **run_kw)
@@ -97,8 +176,9 @@ def attention_report(
                                        "trace_at": None})
         base = Baseline(order, float(tiling.threshold or 0.0), res.rescales, plain.rescales,
                         max_abs_diff(res.out, plain.out), max_abs_diff(res.lse, plain.lse))
+    extra = {"kernel": name, "shown": shown}
     if not with_reference:
-        return AttentionReport(res, model, notes, split, baseline=base)
+        return AttentionReport(res, model, notes, split, baseline=base, **extra)
     ref_out, ref_lse = reference(q, k, v, opts)
     errs = errors(res, ref_out, ref_lse)
     if opts.packing.active:
@@ -108,7 +188,38 @@ def attention_report(
     verdict = None
     if model is not None:
         verdict = judge_run(model, res, ref_out, ref_lse, q, k, v, opts)
-    return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base)
+    return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base, **extra)
 
 
-__all__ = ["AttentionReport", "Baseline", "attention_report"]
+def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
+                   with_reference, progress, shown, run_kw) -> AttentionReport:
+    """A kernel preset's run (emulate.py): its loop, its masked-row LSE unless given, the
+    baseline of a given threshold against its eager run, the reference of the descaled inputs."""
+    kw = {**run_kw, "opts": opts, "tiling": Tiling(block_k=tiling.block_k), "mma": mma,
+          "descale": descale}
+    if kw.get("masked_lse") is None:
+        kw.pop("masked_lse", None)
+    log2 = None if tau is None else float(tau) * LOG2E
+    eff = (q, k, v) if descale is None else descaled_inputs(q, k, v, descale, opts)  # checked
+    res = run_flash(model, q, k, v, kernel=name, progress=progress, threshold=log2, **kw)
+    base = None
+    if tau:
+        eager = run_flash(model, q, k, v, kernel=name, **{**kw, "threshold": 0.0,
+                                                          "trace_at": None})
+        base = Baseline("forward", float(tau), res.rescales, eager.rescales,
+                        max_abs_diff(res.out, eager.out), max_abs_diff(res.lse, eager.lse))
+    extra = {"kernel": name, "mma": mma, "block_k_given": tiling.block_k is not None,
+             "shown": shown}
+    if not with_reference:
+        return AttentionReport(res, model, notes, baseline=base, **extra)
+    ref_out, ref_lse = reference(*eff, opts)
+    errs = errors(res, ref_out, ref_lse)
+    if opts.packing.active:
+        ref_row = traced_row(plan_packing(q, k, v, opts.packing), ref_out, res.traced)
+    else:
+        ref_row = row_of(ref_out, res.traced, opts.layout)
+    verdict = judge_run(model, res, ref_out, ref_lse, *eff, opts)
+    return AttentionReport(res, model, notes, None, errs, ref_row, verdict, base, **extra)
+
+
+__all__ = ["AttentionReport", "Baseline", "attention_report", "kernel_for", "preset_refusals"]
