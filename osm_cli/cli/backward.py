@@ -34,9 +34,12 @@ from .options import (
     HeadOpt,
     InputDtypeOpt,
     JsonOpt,
+    KernelOpt,
     Layout,
     LayoutOpt,
     MaskOpt,
+    Mma,
+    MmaOpt,
     NoReferenceOpt,
     QueryOpt,
     ScaleOpt,
@@ -75,6 +78,8 @@ def backward(
         "--block-k", min=1, help="Keys per tile (default as attention's; with --dtype FA2's "
         "backward tiles: 128×128 for d <= 64, 64×128 for d <= 128).")] = None,
     dtype: DtypeOpt = None,
+    kernel: KernelOpt = None,
+    mma: MmaOpt = Mma.blas,
     batch: BatchOpt = 0,
     head: HeadOpt = 0,
     key: Annotated[int, typer.Option(
@@ -101,6 +106,7 @@ def backward(
       osm backward samples/q.npy samples/k.npy samples/v.npy samples/do.npy
       osm backward samples/qkv.npz samples/do.npy --causal --key 3 --query 5
       osm backward q.npy k.npy v.npy do.npy --o o.npy --lse lse.npy --dtype bf16
+      osm backward q.npy k.npy v.npy do.npy --dtype bf16 --kernel fa4
     """
     from osm_cli import io
     from osm_cli.attention.options import Tiling
@@ -132,6 +138,7 @@ def backward(
         rep = backward_report(
             q, k, v, do, opts, Tiling(block_q=block_q, block_k=block_k), out=given.get("out"),
             lse=given.get("lse"), model=lab, notes=notes, with_reference=not no_reference,
+            kernel=kernel and kernel.value, mma=mma.value,
             trace_at=inputs.traced(batch, head, query), trace_key=key, progress=tick)
     res = rep.result
 

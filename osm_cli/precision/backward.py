@@ -49,12 +49,14 @@ def flash_hooks(m: Model) -> Hooks:
 
 def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
                    opts: ScoreOptions | None = None, tiling: Tiling | None = None,
-                   kernel: str | None = None, **kwargs) -> Backward:
+                   kernel: str | None = None, mma: str = "blas", **kwargs) -> Backward:
     """The flash model's backward: attention_backward with model m's rounding, dQ, dK, dV
     rounded to the dtype at the end. q, k, v and do hold the dtype's values already
     (round_inputs); out and lse are the forward's (a kernel's; without them osm's flash model
     runs the forward, O rounded to the dtype as a kernel stores it). tiling None: FA2's
-    backward tiles. kwargs are attention_backward's (trace_at, trace_key, progress)."""
+    backward tiles. kernel: the preset whose forward gives O and LSE (presets.py; default fa2
+    for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its matmuls round; the backward's
+    own tiling stays FA2's. kwargs are attention_backward's (trace_at, trace_key, progress)."""
     opts = opts or ScoreOptions()
     if tiling is None:
         tiling = Tiling(*fa2_backward_blocks(np.shape(q)[-1]))
@@ -63,8 +65,9 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
         from .kernels import run_flash  # the forward's schedule, beside the backward's own
         from .presets import default_kernel
 
-        fwd = run_flash(m, q, k, v, trace_at=None, kernel=kernel or default_kernel(m.name),
-                        opts=opts)
+        name = kernel or default_kernel(m.name)
+        extra = {} if name == "tiles" else {"mma": mma}
+        fwd = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
         out, lse = fwd.out, fwd.lse
     res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
                              hooks=flash_hooks(m), **kwargs)

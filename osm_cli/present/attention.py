@@ -18,21 +18,21 @@ from .stepmode import frame
 from .verdicts import precision_summary
 
 
-def kernel_text(name: str, res, *, mma: str = "blas", dtype: str | None = None,
-                block_k_given: bool = False) -> str:
-    """One line on the kernel a run modelled (precision/presets.py): its tile width and order,
-    split-KV, exp, lazy rescale, FP8's offset, the normalisation, the matmuls, how verified.
-    res: the run's Attention record (its block_k and splits)."""
+def kernel_text(name: str, block_k: int | None = None, splits: int = 1, *, mma: str = "blas",
+                dtype: str | None = None, block_k_given: bool = False) -> str:
+    """One line on the kernel a run modelled (precision/presets.py): its tile width (block_k;
+    None: not said) and order, split-KV, exp, lazy rescale, FP8's offset, the normalisation,
+    the matmuls, how verified."""
     from osm_cli.precision.presets import PRESETS
 
     p = PRESETS[name]
     title = "osm's own readable loop (attention/)" if name == "tiles" else p.title
     order = "last to first" if p.reverse else "first to last"
-    width = f"{res.block_k} (--block-k, not the kernel's own)" if block_k_given else (
-        f"{res.block_k}")
-    parts = [f"K/V tiles of {width} visited {order}"]
-    if getattr(res, "splits", 1) > 1:
-        parts.append(f"split-KV: {res.splits} key ranges merged in float32")
+    width = f"{block_k} (--block-k, not the kernel's own)" if block_k_given else f"{block_k}"
+    parts = [f"K/V tiles of {width} visited {order}" if block_k is not None else
+             f"K/V tiles visited {order}"]
+    if splits > 1:
+        parts.append(f"split-KV: {splits} key ranges merged in float32")
     parts.append({"exp2-fma": "exp2 on an FMA",
                   "exp2-emu": "exp2 on an FMA, some columns by a degree-3 polynomial",
                   "exp": "exp(S − m)"}[p.exp])
@@ -111,7 +111,9 @@ def attention_heads(rep) -> list:
     --dtype the precision model, the inputs' rounding and the verdict."""
     kernel = None
     if rep.shown and rep.kernel is not None:
-        kernel = kernel_text(rep.kernel, rep.result, mma=rep.mma, block_k_given=rep.block_k_given,
+        res = rep.result
+        kernel = kernel_text(rep.kernel, res.block_k, res.splits, mma=rep.mma,
+                             block_k_given=rep.block_k_given,
                              dtype=rep.model.name if rep.model is not None else None)
     heads = [attention_summary(rep.result, rep.errors, kernel)]
     if rep.model is not None:

@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Group
 from rich.text import Text
 
-from .attention import convention_rows
+from .attention import convention_rows, kernel_text
 from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
 from .verdicts import rounding_text, rule_text
 
@@ -25,8 +25,15 @@ def backward_summary(rep) -> Table:
     d = np.asarray(r.delta, dtype=np.float64)
     forward = ("osm's own (--o and --lse take a kernel's saved O and LSE)" if r.own_forward
                else "given O and LSE (a kernel's saved forward)")
-    rows = [
-        *convention_rows(r),
+    rows = [*convention_rows(r)]
+    if rep.shown:
+        what = ("its forward gave O and LSE" if r.own_forward else
+                "not run: the given O and LSE are the forward's")
+        line = kernel_text(rep.kernel, mma=rep.mma,
+                           dtype=None if rep.model is None else rep.model.name)
+        rows.append(("kernel", f"{line} ({what}; the backward: FA2's model, tiles below)"
+                     if rep.kernel != "tiles" else f"{line} ({what})"))
+    rows += [
         ("forward", forward),
         ("D = rowsum(dO∘O)", _range(d)),
         ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed, "

@@ -312,6 +312,7 @@ def backward_doc(rep) -> dict:
     b, h, i = r.traced
     d = np.asarray(r.delta, dtype=np.float64)
     doc = {
+        "kernel": rep.kernel, "mma": rep.mma,  # the preset whose forward gave O and LSE
         "shape_q": list(r.shape_q), "shape_k": list(r.shape_k), "shape_v": list(r.shape_v),
         "scale": r.scale, "causal": r.causal, "causal_align": r.align,
         "window": None if r.window is None else list(r.window), "mask": r.mask,

@@ -19,6 +19,7 @@ from osm_cli.attention.options import ScoreOptions, Tiling
 from osm_cli.attention.packed import Packed, plan_packing, traced_row
 from osm_cli.attention.reference import reference_backward
 from osm_cli.attention.shapes import as_bhnd
+from osm_cli.errors import OsmError
 from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gradcheck import GRADS, GradCheck, check_grads
@@ -38,6 +39,9 @@ class BackwardReport:
     ref_rows: dict | None = None  # the reference's traced rows: dq (query I), dk and dv (key J)
     verdicts: tuple[GradCheck, ...] = ()  # under --dtype: each gradient by the backward rule
     packed: Packed | None = None  # a varlen or paged batch's sequences (None: dense)
+    kernel: str = "tiles"  # the preset whose forward gave O and LSE (presets.py)
+    mma: str = "blas"  # how that forward's matmuls rounded (emulate.MMAS)
+    shown: bool = False  # the kernel named on the screen (a model ran, or --kernel was given)
 
     @property
     def grads(self) -> dict:
@@ -67,24 +71,35 @@ def _rows(grads: dict, res: Backward, layout: str, packed: Packed | None = None)
 
 def backward_report(
     q, k, v, do, opts: ScoreOptions, tiling: Tiling, *, out=None, lse=None,
-    model: Model | None = None, notes: tuple = (), with_reference: bool = True, **run_kw,
+    model: Model | None = None, notes: tuple = (), with_reference: bool = True,
+    kernel: str | None = None, mma: str = "blas", **run_kw,
 ) -> BackwardReport:
     """Run the backward on q, k, v, do (the forward's out and lse if given, else osm's own) and
     check it against the float64 closed-form gradients.
 
     q, k, v, do hold `model`'s values already (precision.model.prepare gives `notes`); run_kw
     are attention_backward's trace_at, trace_key and progress. Under a model the tiles default
-    to FA2's backward tiles, and each gradient is judged by the backward rule.
+    to FA2's backward tiles, and each gradient is judged by the backward rule. kernel names
+    the preset whose forward gives O and LSE when none is given (kernel_for's default), mma
+    how its matmuls round; the backward's own tiling stays FA2's.
     """
+    from .attention import kernel_for
+
+    name = kernel_for(model, kernel)
+    if mma != "blas" and name == "tiles":
+        raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
+                       "own loop")
+    shown = model is not None or kernel is not None
     if model is None:
         res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
                                  **run_kw)
     else:
         given = tiling.block_q is not None or tiling.block_k is not None
         res = flash_backward(model, q, k, v, do, out, lse, opts=opts,
-                             tiling=tiling if given else None, **run_kw)
+                             tiling=tiling if given else None, kernel=name, mma=mma, **run_kw)
     packed = plan_packing(q, k, v, opts.packing) if opts.packing.active else None
-    rep = BackwardReport(res, opts.layout, model, notes, packed=packed)
+    about = {"kernel": name, "mma": mma, "shown": shown}
+    rep = BackwardReport(res, opts.layout, model, notes, packed=packed, **about)
     if not with_reference:
         return rep
     grads = reference_backward(q, k, v, do, opts)
@@ -101,7 +116,7 @@ def backward_report(
         verdicts = check_grads(q, k, v, do, model.dtype, rep.grads, opts, with_model=False,
                                refs=refs)
     return BackwardReport(res, opts.layout, model, notes, errs,
-                          _rows(refs, res, opts.layout, packed), verdicts, packed)
+                          _rows(refs, res, opts.layout, packed), verdicts, packed, **about)
 
 
 __all__ = ["BackwardReport", "backward_report"]
