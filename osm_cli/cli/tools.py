@@ -21,12 +21,16 @@ from .options import (
     BlockQOpt,
     CausalAlignOpt,
     CausalOpt,
+    DtypeOpt,
     InputDtypeOpt,
     JsonOpt,
+    KernelOpt,
     Layout,
     LayoutOpt,
     LseBase,
     MaskOpt,
+    Mma,
+    MmaOpt,
     ScaleOpt,
     SweepCsvOpt,
     ValuesOpt,
@@ -115,6 +119,9 @@ def sweep(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
     csv: SweepCsvOpt = None,
+    dtype: DtypeOpt = None,
+    kernel: KernelOpt = None,
+    mma: MmaOpt = Mma.blas,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ):
@@ -130,6 +137,7 @@ def sweep(
       osm sweep samples/matrix.txt --blocks 1,2,4
       osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
       osm sweep q.npy k.npy v.npy --blocks 16,32,64,128,256 --sram 192KiB --causal
+      osm sweep q.npy k.npy v.npy --blocks 32,64,128 --dtype bf16 --kernel fa4
     """
     from osm_cli import io
     from osm_cli.present import csv as export
@@ -144,11 +152,22 @@ def sweep(
     qkv = io.is_qkv(files)
     sweep_checks(files, qkv, values, head_dim, causal or (window, mask, scale) != (None,) * 3
                   or layout is not Layout.bhnd or causal_align is not Align.bottom_right)
+    if not qkv and (dtype is not None or kernel is not None or mma is not Mma.blas):
+        raise OsmError("--dtype, --kernel and --mma model a kernel on Q/K/V; scores run the "
+                       "online softmax alone")
     if qkv:
+        from osm_cli.precision.dtypes import shared_narrow
+        from osm_cli.reports.attention import preset_refusals
+
         opts = score_options(causal, causal_align, window, mask, scale, layout)
         q, k, v = io.load_qkv(files, input_dtype)
+        name = kernel and kernel.value
+        if name not in (None, "tiles"):
+            dtype = dtype or shared_narrow(q, k, v)  # bf16 or FP8 inputs: their model
+            preset_refusals(name, block_q=block_q)
         res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
-                              dtype_bytes=dtype_bytes, sram_bytes=sram, opts=opts)
+                              dtype_bytes=dtype_bytes, sram_bytes=sram, opts=opts, dtype=dtype,
+                              kernel=name, mma=mma.value)
         name = files[0] if len(files) == 1 else " ".join(files)
         shapes = (q.shape, k.shape, v.shape)
         about = render.attention_sweep_about(res, shapes, opts, accum.value)

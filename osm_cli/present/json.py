@@ -389,7 +389,7 @@ def attention_sweep_doc(res, name: str, accum: str, shapes, opts) -> dict:
     doc.update(shape_q=list(sq), shape_k=list(sk), shape_v=list(sv), batch=res.batch,
                heads=res.heads, causal=opts.causal, causal_align=opts.causal_align,
                window=None if window is None else list(window), mask=opts.mask is not None,
-               error_of="O")
+               error_of="O", kernel=getattr(res, "kernel", None), dtype=getattr(res, "dtype", None))
     return doc
 
 

@@ -175,9 +175,13 @@ def attention_sweep_about(result, shapes, opts, accum: str) -> str:
     masks += [] if opts.window is None else ["window {},{}".format(*opts.window)]
     masks += [] if opts.mask is None else ["--mask"]
     sq, sk, sv = (tuple(x) for x in shapes)
+    run = f"the tiled forward at each block_k (state in {accum})"
+    if getattr(result, "dtype", None) is not None:
+        run = (f"kernel {result.kernel}'s model in {result.dtype} at each block_k (its own "
+               "tile width replaced)" if result.kernel != "tiles" else
+               f"osm's tiles, the flash model in {result.dtype}, at each block_k")
     return (f"Q {sq}  K {sk}  V {sv}, {', '.join(masks) or 'no mask'}\nB = {result.batch}, "
-            f"H = {result.heads}, {result.n_q} queries × {result.n_k} keys per head: the tiled "
-            f"forward at each block_k (state in {accum})")
+            f"H = {result.heads}, {result.n_q} queries × {result.n_k} keys per head: {run}")
 
 
 def sweep_table(result, source: str, about: str | None = None, width: int = 100) -> Group:

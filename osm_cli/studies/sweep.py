@@ -14,7 +14,7 @@ Example: sweep([2, 4], score_runner(np.array([[1., 2., 5., 3.]])), n_q=1, n_k=4,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,6 +69,8 @@ class Sweep:
     block_q: int
     hbm_standard: int  # modelled HBM bytes of standard attention's forward
     fa1_block: tuple[int, int]  # FA1's (B_r, B_c) for this SRAM
+    kernel: str | None = None  # Q/K/V: the kernel preset each run modelled (presets.py)
+    dtype: str | None = None  # … in this dtype (None: the inputs unrounded, state in accum)
 
 
 def sweep(
@@ -129,21 +131,31 @@ def score_runner(
 
 def attention_runner(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int | None = None,
-    accum=np.float64, opts: ScoreOptions | None = None, **options,
+    accum=np.float64, opts: ScoreOptions | None = None, model=None, kernel: str = "tiles",
+    mma: str = "blas", **options,
 ) -> Callable[[int], Measure]:
     """run(block): attention with block_k = block (block_q fixed) over all of Q/K/V, the state
     in `accum`, against the float64 one-shot reference, computed once here.
 
     opts (or its fields as keywords: causal, causal_align, window, mask, scale, layout) as
     attention's. max_error is max |O − ref|; tiles and skipped count (Q tile, K/V tile) pairs
-    per head, as attention does, and so do row_visits.
+    per head, as attention does, and so do row_visits. model (precision.model.Model; q, k, v
+    hold its values) runs the flash model of `kernel` (a preset's own loop with its block_k
+    replaced, or osm's tiles) with `mma`, in place of the plain run in `accum`.
     """
     opts = split_options(options, opts)[0]
     ref_out, ref_lse = reference(q, k, v, opts)
 
     def run(block: int) -> Measure:
-        res = attention(q, k, v, opts=opts, tiling=Tiling(block_q=block_q, block_k=block),
-                        hooks=Hooks(accum=accum), trace_at=None)
+        if model is not None:
+            from osm_cli.precision.kernels import run_flash
+
+            extra = {"mma": mma} if kernel != "tiles" else {"block_q": block_q}
+            res = run_flash(model, q, k, v, kernel=kernel, opts=opts, block_k=block,
+                            trace_at=None, **extra)
+        else:
+            res = attention(q, k, v, opts=opts, tiling=Tiling(block_q=block_q, block_k=block),
+                            hooks=Hooks(accum=accum), trace_at=None)
         err = errors(res, ref_out, ref_lse)
         return Measure(
             err["max_abs_err"], err["max_lse_err"], res.rescales, res.tiles_total,
@@ -169,17 +181,36 @@ def sweep_scores(
 def sweep_attention(
     blocks: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray, *, accum=np.float64,
     block_q: int | None = None, dtype_bytes: int = 2, sram_bytes: int = 192 * 1024,
-    opts: ScoreOptions | None = None, **options,
+    opts: ScoreOptions | None = None, dtype: str | None = None, kernel: str | None = None,
+    mma: str = "blas", **options,
 ) -> Sweep:
     """sweep of attention_runner over all of Q/K/V (block_q default 128), the state in `accum`;
     the model takes d, the lengths, heads and batch from Q and K. opts (or its fields as
-    keywords) as attention's."""
+    keywords) as attention's. dtype rounds Q, K, V to it and runs the flash model of `kernel`
+    (default: fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise) at each block_k."""
     opts = split_options(options, opts)[0]
+    m = None
+    name = kernel or "tiles"
+    if dtype is not None:
+        from osm_cli.precision.dtypes import round_inputs
+        from osm_cli.precision.model import model as make_model
+        from osm_cli.precision.presets import default_kernel
+
+        m = make_model(dtype)
+        name = kernel or default_kernel(m.name)
+        (q, k, v), _ = round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
+    elif name != "tiles":
+        raise InputError(f"--kernel {name} models a 16-bit or FP8 kernel; give --dtype")
+    if name == "tiles" and mma != "blas":
+        raise InputError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is "
+                         "osm's own loop")
     (b, hq, t, d), s = as_bhnd(q, opts.layout, "Q").shape, as_bhnd(k, opts.layout, "K").shape[2]
     bq = 128 if block_q is None else block_q
-    runner = attention_runner(q, k, v, block_q=bq, accum=np.dtype(accum), opts=opts)
-    return sweep(blocks, runner, n_q=t, n_k=s, d=d, heads=hq, batch=b, dtype_bytes=dtype_bytes,
-                 sram_bytes=sram_bytes, block_q=bq)
+    runner = attention_runner(q, k, v, block_q=block_q if m is not None else bq,
+                              accum=np.dtype(accum), opts=opts, model=m, kernel=name, mma=mma)
+    res = sweep(blocks, runner, n_q=t, n_k=s, d=d, heads=hq, batch=b, dtype_bytes=dtype_bytes,
+                sram_bytes=sram_bytes, block_q=bq)
+    return replace(res, kernel=name, dtype=None if m is None else m.name)
 
 
 __all__ = [
