@@ -160,7 +160,7 @@ def test_float_mask_on_a_preset_is_refused():
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa2", mask=np.zeros((8, 64), F32))
     assert str(exc.value) == ("kernel fa2 (FlashAttention-2 forward (PyTorch's flash SDPA "
-                              "backend)) takes no a float mask (an added bias); --kernel tiles "
+                              "backend)) takes no float mask (an added bias); --kernel tiles "
                               "runs it in osm's own loop")
 
 

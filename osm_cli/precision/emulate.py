@@ -171,8 +171,8 @@ def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, 
     """One dense batch (or one key range of it) through the kernel's loop."""
     d = np.shape(q)[-1]
     dv = np.shape(v)[-1]
-    bk = block_k or kernel.block_k(d, dv, bool(opts.causal or opts.window is not None))
-    tiling = Tiling(block_q=kernel.block_q, block_k=bk, keys=keys, reverse=kernel.reverse)
+    bk = block_k or kernel.block_k(d, dv, bool(opts.causal), opts.window is not None)
+    tiling = Tiling(block_q=kernel.q_tile(d), block_k=bk, keys=keys, reverse=kernel.reverse)
     plan = make_plan(q, k, v, opts, tiling, Hooks(np.float32), trace_at)
     ar = _arith(kernel, model, plan, opts, descale, tau, mma, ops)
     b, hk, g = plan.groups

@@ -50,12 +50,19 @@ class Preset:
     sinks: bool = True  # takes learnable sinks
     verified: str = ""  # how osm checked it against the kernel
 
-    def block_k(self, d: int, dv: int | None = None, causal: bool = False) -> int:
+    def q_tile(self, d: int) -> int:
+        """block_q for head dim d: FA4's SM90 forward takes 192 rows up to d = 96, else 128.
+        (Rows are independent: block_q changes which tiles are skipped, never a row's bits.)"""
+        return 192 if self.name == "fa4" and d <= 96 else (128 if self.name == "fa4"
+                                                             else self.block_q)
+
+    def block_k(self, d: int, dv: int | None = None, causal: bool = False,
+                local: bool = False) -> int:
         """The K/V tile width for head dim d (FA4 SM90 narrows it for d > 96 by dv and causal)."""
         for top, width in self.widths:
             if d <= top:
                 if self.name == "fa4":
-                    return _fa4_width(d, d if dv is None else dv, causal, width)
+                    return _fa4_width(d, d if dv is None else dv, causal, local, width)
                 return width
         return self.widths[-1][1]
 
@@ -100,19 +107,22 @@ class Preset:
                            "--kernel tiles runs any dtype in osm's own loop")
         for given, supported, what in ((alibi, self.alibi, "--alibi (ALiBi slopes)"),
                                        (sinks, self.sinks, "--sinks"),
-                                       (float_mask, False, "a float mask (an added bias)")):
+                                       (float_mask, False, "float mask (an added bias)")):
             if given and not supported:
                 raise OsmError(f"kernel {self.name} ({self.title}) takes no {what}; "
                                "--kernel tiles runs it in osm's own loop")
 
 
-def _fa4_width(d: int, dv: int, causal: bool, width: int) -> int:
-    """FA4's SM90 tile_n: 144 for d ≤ 96 unless causal (128); d ≤ 192: 128, or 112 for dv >
-    128; above: 80."""
+def _fa4_width(d: int, dv: int, causal: bool, local: bool, width: int) -> int:
+    """FA4's SM90 tile_n (flash_attn/cute interface, _tile_size_fwd_sm90): 144 for d ≤ 96
+    unless causal or local (128); d ≤ 192: 96 with a window, else 128, or 112 for dv > 128;
+    above: 64 with a window, else 80."""
     if 64 < d <= 96:
-        return 128 if causal else 144
+        return 128 if causal or local else 144
     if 128 < d <= 192:
-        return 128 if dv <= 128 else 112
+        return 96 if local else 128 if dv <= 128 else 112
+    if d > 192:
+        return 64 if local else 80
     return width
 
 
