@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-KERNELS = ("fa2",)  # kernel presets come to precision/kernels.py; fa2 is check's schedule
+from osm_cli.precision.names import KERNELS  # the kernel presets (precision/presets.py)
+
 GRADIENTS = ("do", "dq", "dk", "dv")
 
 
 def assert_attention_close(out, q, k, v, *, lse=None, do=None, dq=None, dk=None, dv=None,
-                           dtype=None, kernel: str = "fa2", causal: bool = False,
+                           dtype=None, kernel: str | None = None, mma: str = "blas",
+                           causal: bool = False,
                            causal_align: str = "bottom-right", window=None, mask=None,
                            scale: float | None = None, layout: str = "bhnd",
                            grad_rule: str = "fa3", top: int = 5,
@@ -32,8 +34,10 @@ def assert_attention_close(out, q, k, v, *, lse=None, do=None, dq=None, dk=None,
     """Raise AssertionError, with osm check's report, unless `out` (and `lse`) are what a
     faithful FlashAttention kernel computes for q, k, v.
 
-    dtype: the kernel's dtype ("bf16", "fp16", …; default: out's own). kernel: "fa2" (an
-    unknown name is a ValueError naming the known ones). causal, causal_align, window, mask,
+    dtype: the kernel's dtype ("bf16", "fp16", …; default: out's own). kernel: the preset
+    whose model the report shows beside (fa2, fa4, fa4-sm100, tiles; default fa2 for 16-bit,
+    fa4-sm100 for FP8; an unknown name is a ValueError naming the known ones); mma: its
+    matmuls, "blas" or "tensor-core". causal, causal_align, window, mask,
     scale, layout: as `osm check` takes them (layout "bnhd" for FlashAttention's (B, N, H, d),
     whose LSE may stay (B, H, N)). dq, dk, dv (any of them, with do) are judged by grad_rule,
     "fa3" (FA3/FA4's tests) or "fa2". top: the worst rows and heads the report lists; msg: a
@@ -45,7 +49,7 @@ def assert_attention_close(out, q, k, v, *, lse=None, do=None, dq=None, dk=None,
     from osm_cli.present.console import as_text
     from osm_cli.present.verdicts import check_report, fail_line
 
-    if kernel not in KERNELS:
+    if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
     grads = {n: as_numpy(g, n) for n, g in zip(GRADIENTS, (do, dq, dk, dv), strict=True)
              if g is not None}
@@ -54,7 +58,7 @@ def assert_attention_close(out, q, k, v, *, lse=None, do=None, dq=None, dk=None,
     rep = check(o, q, k, v, dtype if dtype is not None else output_dtype(o, "out"),
                 lse=as_numpy(lse, "lse"), top=top, causal=causal, causal_align=causal_align,
                 window=window, mask=as_numpy(mask, "mask"), scale=scale, layout=layout,
-                grad_rule=grad_rule, **grads)
+                grad_rule=grad_rule, kernel=kernel, mma=mma, **grads)
     if rep.passed:
         return
     head = f"{msg}\n" if msg else ""
