@@ -64,7 +64,7 @@ def exp2_emulated(x: np.ndarray) -> np.ndarray:
     integer part split off by floor, 2^f on [0, 1) by a degree-3 polynomial (Horner, fused
     multiply-adds in float32), the integer part added to the exponent bits.
 
-    Example: exp2_emulated(np.float32([0.5])) -> [1.414104] (7.7e-5 below √2: the polynomial's error)
+    Example: exp2_emulated(np.float32([0.5])) -> [1.414104] (7.7e-5 below √2: its error)
     """
     x = np.asarray(x, dtype=F32)
     zero = ~(x > F32(-127.0))  # -127 and below, -inf and NaN give +0 (fmax, then the bits)
