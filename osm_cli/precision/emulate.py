@@ -318,7 +318,7 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
             arg = np.where(keep, F32(0), arg)
         alpha = ar.ops.exp2(arg)
         p = _probabilities(kernel, ar, s, safe, off)
-        lanes = _row_sums(kernel, (lanes * alpha[..., None]).astype(F32), p)
+        lanes = _row_sums(kernel, (lanes * alpha[..., None]).astype(F32, copy=False), p)
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 (o * alpha[..., None]).astype(F32))
         counts.computed += 1
@@ -342,13 +342,21 @@ def _probabilities(kernel: Preset, ar: Arith, s: np.ndarray, safe: np.ndarray,
         if kernel.exp == "exp":
             nat = ar.nat[..., 0].astype(F32)
             return np.exp((s * nat[..., None]).astype(F32) - (safe * nat)[..., None]).astype(F32)
-        x = fma(s, ar.c, (off - (safe * c).astype(F32))[..., None])
+        x = _fma_tile(s, ar.c, (off - (safe * c).astype(F32))[..., None])
         p = ar.ops.exp2(x)
     if ar.emulated is not None:
         cols = ar.emulated(s.shape[-1])
         if cols.any():
             p[..., cols] = exp2_emulated(x[..., cols])
     return p
+
+
+def _fma_tile(s: np.ndarray, c: np.ndarray, add: np.ndarray) -> np.ndarray:
+    """gpu_ops.fma(s, c, add) with one float64 array, updated in place (the same bits)."""
+    x64 = s.astype(np.float64)
+    np.multiply(x64, c, out=x64)
+    np.add(x64, add, out=x64)
+    return x64.astype(F32)
 
 
 def _row_sums(kernel: Preset, lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
