@@ -44,6 +44,7 @@ from .options import (
     InputDtypeOpt,
     JsonOpt,
     KDescaleOpt,
+    Kernel,
     KernelOpt,
     Layout,
     LayoutOpt,
@@ -274,6 +275,8 @@ def check(
     from osm_cli.reports.attention import preset_refusals
 
     dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
+    if dtype is None and kernel not in (None, Kernel.tiles) and dname == "float32":
+        dname = dt = fitting_16bit(o, t["q"], t["k"], t["v"], kernel.value) or dt
     kname = (kernel and kernel.value) or default_kernel(dname)
     scales = descales(q_descale, k_descale, v_descale)
     preset_refusals(kname, descale=scales, dtype=dname)
@@ -323,6 +326,26 @@ def kernel_tensors(files: list[str], lse: str | None, input_dtype: str | None,
         if key in t:
             io.check_real(t[key], where[key])
     return {**t, "name": name}
+
+
+def fitting_16bit(o, q, k, v, kernel: str) -> str | None:
+    """The 16-bit dtype (bfloat16, then float16) every value of float32 OUT, Q, K and V fits,
+    for a kernel preset (which takes 16-bit inputs) given without --dtype; said on stderr."""
+    import numpy as np
+
+    from osm_cli.precision.dtypes import DTYPES, round_to
+
+    def fits(x, narrow):
+        x = np.asarray(x, dtype=np.float64)
+        return np.array_equal(round_to(x, DTYPES[narrow], np.float64), x, equal_nan=True)
+
+    for narrow in ("bfloat16", "float16"):
+        if all(fits(x, narrow) for x in (o, q, k, v)):
+            err.print(f"note: --kernel {kernel} takes 16-bit inputs; OUT, Q, K and V are float32 "
+                      f"holding {narrow} values: judged as {narrow} (--dtype chooses)",
+                      markup=False, soft_wrap=True)
+            return narrow
+    return None
 
 
 def descales(q_path: str | None, k_path: str | None, v_path: str | None):

@@ -278,6 +278,7 @@ def check_doc(rep) -> dict:
     return {
         "shape": list(rep.shape), "inputs": [vars(r) for r in rep.notes],
         "verdict": verdict_doc(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
+        "kernel": rep.kernel, "mma": rep.mma,
         "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
         "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
         "hint": rep.hint or None,

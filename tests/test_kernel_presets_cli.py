@@ -1,0 +1,314 @@
+"""--kernel on the command line (issue 12): each command with each preset on the samples, the
+defaults that follow --dtype, the summary's kernel line, JSON keys, FP8 descales, and bad input
+as one line (an unknown kernel: exit 2 listing the presets; an option a preset does not take:
+exit 1, one Error line naming both)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from osm_cli.cli import app
+from osm_cli.cli.options import MMA_NAMES
+
+QKV = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
+PRESET_NAMES = ("fa2", "fa4", "fa4-sm100")
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def run(runner, *args, width=100):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": str(width)})
+
+
+def error_line(r) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.stderr
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def test_mma_names_are_gpu_ops():
+    from osm_cli.precision.gpu_ops import MMAS
+
+    assert MMA_NAMES == MMAS
+
+
+@pytest.mark.parametrize("dtype, kernel", [("bf16", "fa2"), ("fp16", "fa2"),
+                                           ("e4m3", "fa4-sm100"), ("fp32", "tiles")])
+def test_default_kernel_follows_dtype(runner, dtype, kernel):
+    r = run(runner, "attention", *QKV, "--dtype", dtype, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernel"] == kernel and doc["mma"] == "blas"
+    assert doc["masked_lse"] == ("pos-inf" if kernel == "fa2" else "neg-inf")
+
+
+def test_plain_run_keeps_todays_summary(runner):
+    r = run(runner, "attention", *QKV)
+    assert r.exit_code == 0 and "kernel" not in r.stdout
+    assert json.loads(run(runner, "attention", *QKV, "--json").stdout)["kernel"] == "tiles"
+
+
+@pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
+@pytest.mark.parametrize("width", [80, 100])
+def test_attention_each_kernel(runner, kernel, width):
+    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--kernel", kernel, width=width)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.stdout.split())
+    assert f"kernel {kernel}: " in flat
+    visits = "first to last" if kernel == "tiles" else "last to first"
+    assert f"K/V tiles of 128 visited {visits}" in flat
+    assert ("unverified on hardware (modelled from source)" in flat) == (kernel == "fa4-sm100")
+    assert all(len(line) <= width for line in r.stdout.splitlines())
+    assert "…" not in r.stdout  # no number cut
+
+
+def test_fa2_kernel_line(runner):
+    r = run(runner, "attention", *QKV, "--dtype", "bf16", width=200)
+    line = next(ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("kernel"))
+    assert " ".join(line.split()) == (
+        "kernel fa2: FlashAttention-2 forward (PyTorch's flash SDPA backend): K/V tiles of 128 "
+        "visited last to first; exp2 on an FMA; O·(1/l)")
+
+
+def test_trace_in_kernel_order(runner):
+    """samples/long.npz causal, block_k 32 given: fa2 visits the tiles last to first."""
+    r = run(runner, "attention", "samples/long.npz", "--causal", "--dtype", "bf16",
+            "--block-k", "32", "--query", "300", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    tiles = [s["tile"] for s in doc["trace"]["steps"]]
+    assert tiles == sorted(tiles, reverse=True) and len(tiles) > 2
+    assert doc["block_k"] == 32
+    text = run(runner, "attention", "samples/long.npz", "--causal", "--dtype", "bf16",
+               "--block-k", "32", "--query", "300", width=80)
+    assert "(--block-k, not the kernel's own)" in " ".join(text.stdout.split())
+    assert all(len(line) <= 80 for line in text.stdout.splitlines())
+
+
+def test_unknown_kernel_is_usage_error(runner):
+    r = run(runner, "attention", *QKV, "--kernel", "fa3")
+    assert r.exit_code == 2
+    assert "'fa2', 'fa4', 'fa4-sm100', 'tiles'" in r.output
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--dtype", "bf16", "--order", "shuffle"],
+     "Error: --order shuffle needs --kernel tiles; fa2 visits its K/V tiles last to first"),
+    (["--dtype", "bf16", "--form", "merge", "--kernel", "fa4"],
+     "Error: --form merge needs --kernel tiles; fa4 updates its state in the rescale form"),
+    (["--dtype", "bf16", "--splits", "2"],
+     "Error: --splits 2 needs --kernel tiles; fa2 chooses its split-KV ranges itself (FA2's "
+     "heuristic)"),
+    (["--dtype", "e4m3", "--kernel", "fa2"],
+     "Error: kernel fa2 takes float16, bfloat16 inputs, not float8_e4m3fn (FP8: --kernel "
+     "fa4-sm100); --kernel tiles runs any dtype in osm's own loop"),
+    (["--kernel", "fa4"],
+     "Error: --kernel fa4 models a kernel of float16 or bfloat16 inputs; give --dtype (e.g. "
+     "--dtype bf16), or --kernel tiles for osm's own loop"),
+    (["--dtype", "bf16", "--precision", "naive", "--kernel", "fa2"],
+     "Error: --kernel fa2 models a tiled kernel; --precision naive is one-shot attention"),
+    (["--dtype", "bf16", "--kernel", "tiles", "--mma", "tensor-core"],
+     "Error: --mma tensor-core models a kernel preset's matmuls; --kernel tiles is osm's own "
+     "loop"),
+])
+def test_attention_refusals(runner, args, line):
+    r = run(runner, "attention", *QKV, *args)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert error_line(r) == line
+
+
+def test_tiles_keeps_order_form_splits(runner):
+    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--kernel", "tiles", "--order",
+            "reverse", "--splits", "2", "--form", "merge")
+    assert r.exit_code == 0, r.output
+
+
+def test_masked_lse_override(runner):
+    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--masked-lse", "zero", "--json")
+    assert json.loads(r.stdout)["masked_lse"] == "zero"
+
+
+def test_rescale_threshold_with_preset(runner):
+    r = run(runner, "attention", "samples/long.npz", "--dtype", "bf16", "--kernel", "fa4",
+            "--rescale-threshold", "2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["baseline"]["threshold"] == 2.0
+    assert doc["baseline"]["rescales"] <= doc["baseline"]["rescales_eager"]
+
+
+def test_tensor_core_mma(runner):
+    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--mma", "tensor-core", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["mma"] == "tensor-core"
+
+
+# FP8 descales
+
+
+def descale_files(tmp_path, shape=(1, 2), value=0.5):
+    paths = []
+    for n in "qkv":
+        p = tmp_path / f"{n}_descale.npy"
+        np.save(p, np.full(shape, value, dtype=np.float32))
+        paths += [f"--{n}-descale", p]
+    return paths
+
+
+def test_descale_runs_fp8(runner, tmp_path):
+    r = run(runner, "attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernel"] == "fa4-sm100"
+    plain = json.loads(run(runner, "attention", *QKV, "--dtype", "e4m3", "--json").stdout)
+    assert doc["max_abs_err"] < 0.1 and doc["max_abs_err"] != plain["max_abs_err"]
+
+
+@pytest.mark.parametrize("args, extra, line", [
+    (["--dtype", "e4m3"], dict(shape=(2,)),
+     "Error: --q-descale has shape (2,); it must be (B, Hkv) = (1, 2)"),
+    (["--dtype", "e4m3"], dict(value=0.0),
+     "Error: --q-descale must hold finite positive factors"),
+    (["--dtype", "bf16"], {},
+     "Error: --q-descale, --k-descale and --v-descale scale FP8 inputs; kernel fa2 takes no "
+     "FP8 (--kernel fa4-sm100 with --dtype e4m3 or e5m2)"),
+    (["--dtype", "bf16", "--kernel", "fa4-sm100"], {},
+     "Error: --q-descale, --k-descale and --v-descale scale FP8 inputs; use them with --dtype "
+     "e4m3 or e5m2"),
+])
+def test_descale_errors(runner, tmp_path, args, extra, line):
+    r = run(runner, "attention", *QKV, *args, *descale_files(tmp_path, **extra))
+    assert r.exit_code == 1
+    assert error_line(r) == line
+
+
+def test_descale_needs_all_three(runner, tmp_path):
+    r = run(runner, "attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path)[:2])
+    assert error_line(r) == ("Error: give --q-descale, --k-descale and --v-descale together; "
+                             "missing --k-descale, --v-descale")
+
+
+def test_check_descale(runner, tmp_path):
+    """A bf16 kernel output of FP8 inputs with descales: judged, the model beside."""
+    from osm_cli.precision.dtypes import DTYPES
+    from osm_cli.precision.emulate import Descale
+    from osm_cli.precision.kernels import run_flash
+    from osm_cli.precision.model import model
+
+    q, k, v = (np.load(p).astype(np.float32) for p in QKV)
+    e4 = DTYPES["float8_e4m3fn"]
+    q8, k8, v8 = (x.astype(e4).astype(np.float32) for x in (q, k, v))
+    d = np.full((1, 2), 0.5, dtype=np.float32)
+    res = run_flash(model("e4m3"), q8, k8, v8, kernel="fa4-sm100", trace_at=None,
+                    descale=Descale(d, d, d))
+    out = tmp_path / "out.npy"
+    np.save(out, res.out)
+    r = run(runner, "check", out, *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
+    assert r.exit_code in (0, 1) and "Error" not in r.stderr, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernel"] == "fa4-sm100"
+    assert doc["verdict"]["max_err_vs_fp64"] == pytest.approx(doc["model_max_err_vs_fp64"])
+
+
+# check, backward, sweep
+
+
+@pytest.mark.parametrize("bundle, kernel, extra", [
+    ("sdpa_flash_bf16_causal", "fa2", ["--causal", "--causal-align", "top-left"]),
+    ("sdpa_flash_fp16_noncausal", "fa2", []),
+    ("fa4_plain_bf16", "fa4", ["--layout", "bnhd"]),
+    ("fa4_causal_bf16", "fa4", ["--layout", "bnhd", "--causal"]),
+    ("fa4_plain_bf16", "fa4-sm100", ["--layout", "bnhd"]),
+    ("fa4_plain_bf16", "tiles", ["--layout", "bnhd", "--dtype", "bf16"]),
+])
+def test_check_each_kernel(runner, bundle, kernel, extra):
+    r = run(runner, "check", f"samples/kernels/{bundle}.npz", "--kernel", kernel, *extra,
+            "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernel"] == kernel and doc["verdict"]["passed"]
+    if kernel in ("fa2", "fa4"):  # the kernel's own model errs as the kernel does
+        assert doc["model_max_err_vs_fp64"] == pytest.approx(doc["verdict"]["max_err_vs_fp64"],
+                                                             rel=0.05)
+
+
+def test_check_float32_bundle_note(runner):
+    r = run(runner, "check", "samples/kernels/sdpa_flash_bf16_causal.npz", "--causal",
+            "--causal-align", "top-left", "--kernel", "fa2")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip() == ("note: --kernel fa2 takes 16-bit inputs; OUT, Q, K and V are "
+                                "float32 holding bfloat16 values: judged as bfloat16 (--dtype "
+                                "chooses)")
+
+
+def test_check_unknown_kernel_and_fp8_on_fa2(runner):
+    r = run(runner, "check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa9")
+    assert r.exit_code == 2 and "'fa2', 'fa4', 'fa4-sm100', 'tiles'" in r.output
+    r = run(runner, "check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa2",
+            "--dtype", "e5m2")
+    assert r.exit_code == 1
+    assert error_line(r).startswith("Error: kernel fa2 takes float16, bfloat16 inputs, not "
+                                    "float8_e5m2")
+
+
+@pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
+@pytest.mark.parametrize("width", [80, 100])
+def test_backward_each_kernel(runner, kernel, width):
+    r = run(runner, "backward", *QKV, "samples/do.npy", "--dtype", "bf16", "--kernel", kernel,
+            width=width)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.stdout.split())
+    assert f"kernel {kernel}: " in flat and "its forward gave O and LSE" in flat
+    assert all(len(line) <= width for line in r.stdout.splitlines())
+    doc = json.loads(run(runner, "backward", *QKV, "samples/do.npy", "--dtype", "bf16",
+                         "--kernel", kernel, "--json").stdout)
+    assert doc["kernel"] == kernel and doc["mma"] == "blas" and doc["own_forward"]
+
+
+def test_backward_kernel_needs_dtype(runner):
+    r = run(runner, "backward", *QKV, "samples/do.npy", "--kernel", "fa2")
+    assert r.exit_code == 1 and error_line(r).startswith("Error: --kernel fa2 models a kernel")
+
+
+@pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
+def test_sweep_each_kernel(runner, kernel):
+    r = run(runner, "sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel", kernel,
+            "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernel"] == kernel and doc["dtype"] == "bfloat16"
+    text = run(runner, "sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel",
+               kernel, width=80)
+    assert all(len(line) <= 80 for line in text.stdout.splitlines())
+
+
+def test_sweep_refusals(runner):
+    r = run(runner, "sweep", *QKV, "--kernel", "fa4")
+    assert error_line(r) == "Error: --kernel fa4 models a 16-bit or FP8 kernel; give --dtype"
+    r = run(runner, "sweep", "samples/matrix.txt", "--kernel", "fa2")
+    assert error_line(r).startswith("Error: --dtype, --kernel and --mma model a kernel on Q/K/V")
+
+
+def test_api_kernel():
+    from osm_cli import PRESETS, check, preset, run_kernel
+    from osm_cli.precision.model import model
+    from osm_cli.testing import KERNELS, assert_attention_close
+
+    assert KERNELS == ("fa2", "fa4", "fa4-sm100", "tiles") and set(PRESETS) == set(KERNELS)
+    z = np.load("samples/kernels/fa4_plain_bf16.npz")
+    q, k, v, o = (z[n] for n in ("q", "k", "v", "out"))
+    assert_attention_close(o, q, k, v, dtype="bf16", layout="bnhd", kernel="fa4")
+    rep = check(o, q, k, v, "bf16", layout="bnhd", kernel="fa4")
+    assert rep.kernel == "fa4" and rep.passed
+    res = run_kernel(preset("fa4"), model("bf16"), q, k, v, layout="bnhd", trace_at=None)
+    assert res.kernel == "fa4"
+    with pytest.raises(ValueError, match="fa4-sm100"):
+        assert_attention_close(o, q, k, v, dtype="bf16", kernel="fa3")
