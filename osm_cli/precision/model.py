@@ -56,8 +56,11 @@ class Model:
                     "(Q·scale, S, softmax, P·V)")
         if self.p_round is None:
             return f"flash: inputs in {self.name}, state and arithmetic in {self.accum.name}"
+        out = self.name
+        if self.name.startswith("float8"):  # FA4's FP8 kernels write bf16 (emulate._finish)
+            out = f"bfloat16 (FA4's FP8 output; to {self.name} with --kernel tiles)"
         return (f"flash: Q, K, V in {self.name}; S, m, l, α, O in {self.accum.name}; "
-                f"P rounded to {self.name} before P·V; O / l rounded to {self.name}; "
+                f"P rounded to {self.name} before P·V; O / l rounded to {out}; "
                 f"LSE in {self.accum.name}")
 
 
