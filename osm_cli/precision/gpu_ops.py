@@ -43,8 +43,8 @@ class Ops:
     rcp: Callable | None = None
 
     def exp2(self, x: np.ndarray) -> np.ndarray:
-        if self.ex2 is not None:
-            return np.asarray(self.ex2(np.asarray(x, dtype=F32)), dtype=F32)
+        if self.ex2 is not None:  # a copy: the loop rounds P in place
+            return np.array(self.ex2(np.asarray(x, dtype=F32)), dtype=F32)
         with np.errstate(over="ignore"):
             return np.exp2(x, dtype=F32)
 
@@ -68,16 +68,24 @@ def exp2_emulated(x: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(x, dtype=F32)
     zero = ~(x > F32(-127.0))  # -127 and below, -inf and NaN give +0 (fmax, then the bits)
-    x = np.maximum(x, F32(-127.0))
-    j = np.floor(x)
-    f = (x - j).astype(F32)
-    p = np.full_like(f, F32(EXP2_EMU[3]))
-    for coef in EXP2_EMU[2::-1]:
-        p = (p.astype(np.float64) * f + coef).astype(F32)  # one rounding: an fma
-    with np.errstate(over="ignore"):
-        bits_ = p.view(np.int32) + (j.astype(np.int32) << 23)
-    out = bits_.view(F32)
-    return np.where(zero, F32(0), np.where(np.isposinf(x), F32(np.inf), out)).astype(F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        xc = np.maximum(x, F32(-127.0))
+        j = np.floor(xc)
+        f = np.subtract(xc, j).astype(np.float64)  # exact: x − floor(x) fits float32
+        p = (f * EXP2_EMU[3] + EXP2_EMU[2]).astype(F32)  # Horner: each step one fma
+        for coef in EXP2_EMU[1::-1]:
+            p64 = p.astype(np.float64)
+            p64 *= f
+            p64 += coef
+            p = p64.astype(F32)
+        bits_ = p.view(np.int32)
+        bits_ += j.astype(np.int32) << 23  # the integer part into the exponent bits
+    if zero.any():
+        bits_[zero] = 0
+    top = np.isposinf(x)
+    if top.any():
+        p[top] = np.inf
+    return p
 
 
 def matmul(a: np.ndarray, b: np.ndarray, how: str, c: np.ndarray | None = None) -> np.ndarray:
