@@ -179,16 +179,22 @@ def attention_report(
     extra = {"kernel": name, "shown": shown}
     if not with_reference:
         return AttentionReport(res, model, notes, split, baseline=base, **extra)
-    ref_out, ref_lse = reference(q, k, v, opts)
+    errs, ref_row, verdict = _judged(res, model, (q, k, v), opts)
+    return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base, **extra)
+
+
+def _judged(res: Attention, model: Model | None, qkv: tuple, opts: ScoreOptions) -> tuple:
+    """A run against the float64 reference of qkv (the descaled inputs of an FP8 run): its
+    errors, the reference's traced row and, for a model's run, the FlashAttention rule's
+    verdict."""
+    ref_out, ref_lse = reference(*qkv, opts)
     errs = errors(res, ref_out, ref_lse)
     if opts.packing.active:
-        ref_row = traced_row(plan_packing(q, k, v, opts.packing), ref_out, res.traced)
+        ref_row = traced_row(plan_packing(*qkv, opts.packing), ref_out, res.traced)
     else:
         ref_row = row_of(ref_out, res.traced, opts.layout)
-    verdict = None
-    if model is not None:
-        verdict = judge_run(model, res, ref_out, ref_lse, q, k, v, opts)
-    return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base, **extra)
+    verdict = None if model is None else judge_run(model, res, ref_out, ref_lse, *qkv, opts)
+    return errs, ref_row, verdict
 
 
 def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
@@ -212,13 +218,7 @@ def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
              "shown": shown}
     if not with_reference:
         return AttentionReport(res, model, notes, baseline=base, **extra)
-    ref_out, ref_lse = reference(*eff, opts)
-    errs = errors(res, ref_out, ref_lse)
-    if opts.packing.active:
-        ref_row = traced_row(plan_packing(q, k, v, opts.packing), ref_out, res.traced)
-    else:
-        ref_row = row_of(ref_out, res.traced, opts.layout)
-    verdict = judge_run(model, res, ref_out, ref_lse, *eff, opts)
+    errs, ref_row, verdict = _judged(res, model, eff, opts)
     return AttentionReport(res, model, notes, None, errs, ref_row, verdict, base, **extra)
 
 
