@@ -17,8 +17,8 @@ import pytest
 
 from osm_cli.attention.reference import reference
 from osm_cli.errors import OsmError
-from osm_cli.precision.emulate import Descale, _lane_sums, _quad
-from osm_cli.precision.gpu_ops import EXP2_EMU, exp2_emulated, fma, matmul
+from osm_cli.precision.emulate import Descale
+from osm_cli.precision.gpu_ops import EXP2_EMU, exp2_emulated, fma, lane_sums, matmul, quad_sum
 from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import model
 
@@ -128,9 +128,9 @@ def test_quad_lane_order_differs_from_numpy_sum():
     # (l1 + l3 = 2^-23) and keep it; any left-to-right or pairwise sum adds each to 1 alone,
     # a tie that rounds back to 1.
     p = np.array([[1.0, 0, 2.0**-24, 0, 0, 0, 2.0**-24, 0]], F32)
-    lanes = _lane_sums(np.zeros((1, 4), F32), p)
+    lanes = lane_sums(np.zeros((1, 4), F32), p)
     assert np.array_equal(lanes[0], np.array([1.0, 2.0**-24, 0.0, 2.0**-24], F32))
-    lane_sum = _quad(lanes)[0]
+    lane_sum = quad_sum(lanes)[0]
     assert lane_sum == F32(1 + 2.0**-23)
     assert np.sum(p, dtype=F32) == F32(1.0) != lane_sum
 

@@ -49,7 +49,18 @@ from osm_cli.core.record import Step
 from osm_cli.errors import InputError, OsmError
 
 from .dtypes import DTYPES, bits
-from .gpu_ops import F32, LN2, LOG2E, MMAS, Ops, exp2_emulated, fma, matmul
+from .gpu_ops import (
+    F32,
+    LN2,
+    LOG2E,
+    MMAS,
+    Ops,
+    exp2_emulated,
+    fma,
+    matmul,
+    quad_sum,
+    row_sums,
+)
 from .model import Model
 from .presets import EIGHT, SMS, Preset, fa2_plan
 
@@ -318,7 +329,7 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
             arg = np.where(keep, F32(0), arg)
         alpha = ar.ops.exp2(arg)
         p = _probabilities(kernel, ar, s, safe, off)
-        lanes = _row_sums(kernel, (lanes * alpha[..., None]).astype(F32, copy=False), p)
+        lanes = row_sums(kernel.row_sum, (lanes * alpha[..., None]).astype(F32, copy=False), p)
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 np.multiply(o, alpha[..., None], out=o))
         counts.computed += 1
@@ -359,55 +370,6 @@ def _fma_tile(s: np.ndarray, c: np.ndarray, add: np.ndarray) -> np.ndarray:
     return x64.astype(F32)
 
 
-def _row_sums(kernel: Preset, lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """The running row sums after one tile, as the kernel's threads add them: "quad" (FA2,
-    FA4 SM90) four threads' sums kept apart (_lane_sums); "eight" (FA4 SM100) one thread's row
-    summed in eight running sums by column mod 8, the old sum folded into the first, then
-    ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7)), kept in lane 0; "plain" numpy's sum."""
-    if kernel.row_sum == "quad":
-        return _lane_sums(lanes, p)
-    if kernel.row_sum == "plain":
-        lanes[..., 0] += p.sum(axis=-1, dtype=F32)
-        return lanes
-    w = p.shape[-1]
-    pad = -w % 8
-    if pad:
-        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad), dtype=F32)], axis=-1)
-    cols = p.reshape(-1, p.shape[-1] // 8, 8)  # (rows, j, column mod 8)
-    seq = np.zeros((1 + cols.shape[1], cols.shape[0], 8), dtype=F32)
-    seq[0, :, 0] = (lanes[..., 0] + lanes[..., 1] + lanes[..., 2] + lanes[..., 3]).reshape(-1)
-    seq[1:] = cols.transpose(1, 0, 2)
-    a = np.add.reduce(seq, axis=0).reshape(*p.shape[:-1], 8)  # row by row: j in order
-    total = (((a[..., 0] + a[..., 2]) + (a[..., 4] + a[..., 6]))
-             + ((a[..., 1] + a[..., 3]) + (a[..., 5] + a[..., 7]))).astype(F32)
-    lanes[...] = 0
-    lanes[..., 0] = total
-    return lanes
-
-
-def _lane_sums(lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Each quad thread's running sum: its old sum, then its columns 8j + 2·lane + {0, 1}
-    added one at a time in that order. The columns are laid out in that order along the first
-    axis (one copy), below the old sums, and np.add.reduce adds along a first axis one row at a
-    time, vectorized over the rest."""
-    w = p.shape[-1]
-    pad = -w % 8
-    if pad:
-        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad), dtype=F32)], axis=-1)
-    lead = p.shape[:-1]
-    cols = p.reshape(-1, p.shape[-1] // 8, 4, 2)  # (rows, j, lane, e)
-    seq = np.empty((1 + cols.shape[1] * 2, cols.shape[0], 4), dtype=F32)
-    seq[0] = lanes.reshape(-1, 4)
-    seq[1:].reshape(cols.shape[1], 2, cols.shape[0], 4)[...] = cols.transpose(1, 3, 0, 2)
-    return np.add.reduce(seq, axis=0).reshape(*lead, 4)
-
-
-def _quad(lanes: np.ndarray) -> np.ndarray:
-    """The quad's butterfly sum (shfl_xor 2 then 1): (l0 + l2) + (l1 + l3)."""
-    return ((lanes[..., 0] + lanes[..., 2]).astype(F32)
-            + (lanes[..., 1] + lanes[..., 3]).astype(F32)).astype(F32)
-
-
 def _round_p(p: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """P converted to the input dtype for the P·V MMA (FP8: saturating at the largest finite,
     as cvt.rn.satfinite does)."""
@@ -432,7 +394,7 @@ def _f8max(dtype: np.dtype) -> float:
 
 def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _Row):
     """l from the quad, the sink joined (FA4), O · (1/l) (· v_descale), and the LSE."""
-    l = _quad(lanes)
+    l = quad_sum(lanes)
     c = ar.c[..., 0]
     off = F32(ar.offset)
     ms = (np.where(np.isneginf(m), F32(0), m) * c).astype(F32)
@@ -481,7 +443,7 @@ def _show_l(l: float, ar: Arith) -> float:
 def _step(bounds, block_max, m, m_new, alpha, lanes, o, ar: Arith, at, prev: _Row) -> Step:
     """The traced row's Step for one tile, in natural-log units (m·scale)."""
     nat = float(ar.nat[at[0], 0, 0])
-    l_now = float(_quad(lanes[at][None])[0])
+    l_now = float(quad_sum(lanes[at][None])[0])
     l_prev = prev.steps[-1].l if prev.steps else 0.0
 
     def natural(x) -> float:
@@ -494,7 +456,7 @@ def _step(bounds, block_max, m, m_new, alpha, lanes, o, ar: Arith, at, prev: _Ro
 def _masked_step(bounds, m, lanes, o, ar: Arith, at) -> Step:
     nat = float(ar.nat[at[0], 0, 0])
     mm = float(m[at]) * nat if np.isfinite(m[at]) else float(m[at])
-    l = _show_l(float(_quad(lanes[at][None])[0]), ar)
+    l = _show_l(float(quad_sum(lanes[at][None])[0]), ar)
     return row_step(bounds, -np.inf, mm, mm, 1.0, l, l, o[at] / F32(2.0 ** ar.offset),
                     masked=True)
 

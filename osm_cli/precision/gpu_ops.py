@@ -8,6 +8,7 @@
   largest and truncated 2 bits below float32's last, the accumulator truncated toward zero.
 - `exp2_emulated`: FA4 SM100's software exp2.
 - `Ops`: the approximate instructions (ex2, tanh, rcp) as osm computes them, or measured values.
+- `row_sums`, `quad_sum`: the order in which a kernel's threads add a row's P into l.
 
 Leaves out: the loop that uses them (emulate.py).
 
@@ -118,5 +119,54 @@ def fma(a: np.ndarray, b, c) -> np.ndarray:
     return (a.astype(np.float64) * b + c).astype(F32)
 
 
-__all__ = ["EXP2_EMU", "F32", "LN2", "LOG2E", "MMAS", "Ops", "exp2_emulated", "fma", "matmul",
-           "toward_zero"]
+def row_sums(how: str, lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The running row sums after one tile, as the kernel's threads add them: "quad" (FA2,
+    FA4 SM90) four threads' sums kept apart (lane_sums); "eight" (FA4 SM100) one thread's row
+    summed in eight running sums by column mod 8, the old sum folded into the first, then
+    ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7)), kept in lane 0; "plain" numpy's sum."""
+    if how == "quad":
+        return lane_sums(lanes, p)
+    if how == "plain":
+        lanes[..., 0] += p.sum(axis=-1, dtype=F32)
+        return lanes
+    w = p.shape[-1]
+    pad = -w % 8
+    if pad:
+        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad), dtype=F32)], axis=-1)
+    cols = p.reshape(-1, p.shape[-1] // 8, 8)  # (rows, j, column mod 8)
+    seq = np.zeros((1 + cols.shape[1], cols.shape[0], 8), dtype=F32)
+    seq[0, :, 0] = (lanes[..., 0] + lanes[..., 1] + lanes[..., 2] + lanes[..., 3]).reshape(-1)
+    seq[1:] = cols.transpose(1, 0, 2)
+    a = np.add.reduce(seq, axis=0).reshape(*p.shape[:-1], 8)  # row by row: j in order
+    total = (((a[..., 0] + a[..., 2]) + (a[..., 4] + a[..., 6]))
+             + ((a[..., 1] + a[..., 3]) + (a[..., 5] + a[..., 7]))).astype(F32)
+    lanes[...] = 0
+    lanes[..., 0] = total
+    return lanes
+
+
+def lane_sums(lanes: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Each quad thread's running sum: its old sum, then its columns 8j + 2·lane + {0, 1}
+    added one at a time in that order. The columns are laid out in that order along the first
+    axis (one copy), below the old sums, and np.add.reduce adds along a first axis one row at a
+    time, vectorized over the rest."""
+    w = p.shape[-1]
+    pad = -w % 8
+    if pad:
+        p = np.concatenate([p, np.zeros((*p.shape[:-1], pad), dtype=F32)], axis=-1)
+    lead = p.shape[:-1]
+    cols = p.reshape(-1, p.shape[-1] // 8, 4, 2)  # (rows, j, lane, e)
+    seq = np.empty((1 + cols.shape[1] * 2, cols.shape[0], 4), dtype=F32)
+    seq[0] = lanes.reshape(-1, 4)
+    seq[1:].reshape(cols.shape[1], 2, cols.shape[0], 4)[...] = cols.transpose(1, 3, 0, 2)
+    return np.add.reduce(seq, axis=0).reshape(*lead, 4)
+
+
+def quad_sum(lanes: np.ndarray) -> np.ndarray:
+    """The quad's butterfly sum (shfl_xor 2 then 1): (l0 + l2) + (l1 + l3)."""
+    return ((lanes[..., 0] + lanes[..., 2]).astype(F32)
+            + (lanes[..., 1] + lanes[..., 3]).astype(F32)).astype(F32)
+
+
+__all__ = ["EXP2_EMU", "F32", "LN2", "LOG2E", "MMAS", "Ops", "exp2_emulated", "fma", "lane_sums",
+           "matmul", "quad_sum", "row_sums", "toward_zero"]
