@@ -312,3 +312,42 @@ def test_api_kernel():
     assert res.kernel == "fa4"
     with pytest.raises(ValueError, match="fa4-sm100"):
         assert_attention_close(o, q, k, v, dtype="bf16", kernel="fa3")
+
+
+def test_default_kernel_takes_the_runs_options():
+    """A defaulted kernel never refuses the run's own options: 16-bit with sinks is FA4's (FA2
+    has none), a float mask or ALiBi with sinks osm's own loop."""
+    from osm_cli.attention.options import ScoreOptions
+    from osm_cli.precision.presets import default_kernel
+
+    sinks = np.zeros(2, np.float32)
+    assert default_kernel("bfloat16", ScoreOptions()) == "fa2"
+    assert default_kernel("bfloat16", ScoreOptions(sinks=sinks)) == "fa4"
+    assert default_kernel("float16", ScoreOptions(alibi_slopes=sinks)) == "fa2"
+    assert default_kernel("bfloat16", ScoreOptions(alibi_slopes=sinks, sinks=sinks)) == "tiles"
+    assert default_kernel("bfloat16", ScoreOptions(mask=np.zeros((2, 2)))) == "tiles"
+    assert default_kernel("float8_e4m3fn", ScoreOptions(sinks=sinks)) == "fa4-sm100"
+    assert default_kernel("float32", ScoreOptions()) == "tiles"
+
+
+def test_check_of_a_sink_bundle_models_fa4(runner):
+    """FA4's sink capture judged as bf16 without --kernel: the model beside it is fa4's (fa2
+    takes no sinks), bit for bit the kernel's error, and the gradients are judged too."""
+    r = run(runner, "check", "samples/kernels/fa4_sink_bf16.npz", "--layout", "bnhd",
+            "--dtype", "bf16", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernel"] == "fa4"
+    assert doc["model_max_err_vs_fp64"] == doc["verdict"]["max_err_vs_fp64"]  # the same bits
+    assert doc["model_max_err_vs_fp64"] == pytest.approx(0.0011486410455561757, rel=1e-12)
+    assert doc["passed"] is True and len(doc["gradients"]) == 3
+
+
+def test_check_of_the_combo_bundle_with_its_gradients(runner):
+    """sink + softcap + GQA + causal + varlen, out and gradients, with the kernel named: every
+    verdict PASS and the model row names fa4."""
+    r = run(runner, "check", "samples/kernels/fa4_combo_bf16.npz", "--causal", "--softcap", "30",
+            "--kernel", "fa4")
+    assert r.exit_code == 0, r.output
+    assert "max |O − ref64|, osm's fa4 model   0.0155" in r.stdout
+    assert "FAIL" not in r.stdout

@@ -170,7 +170,7 @@ def attention(
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
         raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
                        "naive is one-shot attention")
-    name = kernel_for(lab, kernel and kernel.value)
+    name = kernel_for(lab, kernel and kernel.value, opts)
     scales = descales(q_descale, k_descale, v_descale)
     preset_refusals(name or "tiles", order=order.value, form=form.value, splits=splits,
                     block_q=block_q, descale=scales, dtype=lab and lab.name)
@@ -277,7 +277,7 @@ def check(
     dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
     if dtype is None and kernel not in (None, Kernel.tiles) and dname == "float32":
         dname = dt = fitting_16bit(o, t["q"], t["k"], t["v"], kernel.value) or dt
-    kname = (kernel and kernel.value) or default_kernel(dname)
+    kname = (kernel and kernel.value) or default_kernel(dname, opts)
     scales = descales(q_descale, k_descale, v_descale)
     preset_refusals(kname, descale=scales, dtype=dname)
     if kname == "tiles" and mma is not Mma.blas:

@@ -65,7 +65,7 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
         from .kernels import run_flash  # the forward's schedule, beside the backward's own
         from .presets import default_kernel
 
-        name = kernel or default_kernel(m.name)
+        name = kernel or default_kernel(m.name, opts)
         extra = {} if name == "tiles" else {"mma": mma}
         fwd = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
         out, lse = fwd.out, fwd.lse

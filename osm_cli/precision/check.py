@@ -126,7 +126,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     model_err, name = None, None
     if with_model:
         m = model(dtype_name(dt))
-        name = kernel or default_kernel(m.name)
+        name = kernel or default_kernel(m.name, opts)
         extra = {} if name == "tiles" else {"mma": mma, "descale": descale}
         model_err = max_abs(run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts,
                                        **extra).out - ref)
@@ -136,7 +136,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
         from .gradcheck import check_grads  # the backward's reference, only when judged
 
         grads = check_grads(q, k, v, rounded[3], dt, given, opts, top=top,
-                            with_model=with_model, rule=grad_rule)
+                            with_model=with_model, rule=grad_rule, kernel=name, mma=mma)
     return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
                        int(np.count_nonzero(over)), int(over.size),
                        "" if verdict.passed else _hint(out, dt), grads, name, mma)

@@ -58,10 +58,11 @@ class GradCheck:
 
 
 def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, top: int = 5,
-                with_model: bool = True, rule: str = "fa3",
-                refs: dict | None = None) -> tuple[GradCheck, ...]:
+                with_model: bool = True, rule: str = "fa3", refs: dict | None = None,
+                kernel: str | None = None, mma: str = "blas") -> tuple[GradCheck, ...]:
     """Judge each gradient of `given` (dq, dk, dv: the kernel's) for dtype-valued q, k, v, do;
-    refs, if the caller has them, are the float64 gradients (reference_backward's)."""
+    refs, if the caller has them, are the float64 gradients (reference_backward's). The model
+    beside them is flash_backward with `kernel`'s forward (its default: the dtype's)."""
     from .check import view_of, worst  # check.py judges the output and calls here
 
     if rule not in GRAD_RULES:
@@ -76,7 +77,8 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
     pts = dict(zip(GRADS, plain_backward(q, k, v, do, dt, opts), strict=True))
     mod = None
     if with_model:
-        fb = flash_backward(model(dtype_name(dt)), q, k, v, do, opts=opts, trace_at=None)
+        fb = flash_backward(model(dtype_name(dt)), q, k, v, do, opts=opts, trace_at=None,
+                            kernel=kernel, mma=mma)
         mod = {"dq": fb.dq, "dk": fb.dk, "dv": fb.dv}
     out = []
     for name in GRADS:

@@ -200,14 +200,34 @@ def preset(name: str) -> Preset:
     return PRESETS[name]  # "tiles" is no preset: attention/'s own loop
 
 
-def default_kernel(dtype: str | None) -> str:
+def default_kernel(dtype: str | None, opts=None) -> str:
     """The kernel a run models when none is named: fa2 for 16-bit inputs, fa4-sm100 for FP8
-    (the one FP8 kernel of the presets), osm's own tiles for fp32 and fp64."""
-    if dtype in SIXTEEN:
-        return "fa2"
-    if dtype in EIGHT:
-        return "fa4-sm100"
+    (the one FP8 kernel of the presets), osm's own tiles for fp32 and fp64. With opts (a
+    ScoreOptions) the first of those kernels that takes the run's options: fa4 for 16-bit
+    inputs with sinks (FA2 has none), tiles for a float mask or ALiBi with sinks.
+
+    Example: default_kernel("bfloat16") -> "fa2"
+    """
+    candidates = {**dict.fromkeys(SIXTEEN, ("fa2", "fa4")),
+                  **dict.fromkeys(EIGHT, ("fa4-sm100",))}.get(dtype, ())
+    if opts is None:
+        return candidates[0] if candidates else "tiles"
+    asks = _asks(opts)
+    for name in candidates:
+        p = PRESETS[name]
+        if (not asks["alibi"] or p.alibi) and (not asks["sinks"] or p.sinks) \
+                and not asks["float_mask"]:
+            return name
     return "tiles"
+
+
+def _asks(opts) -> dict:
+    """The options of a run that some presets do not take (Preset.check's keywords)."""
+    mask = getattr(opts, "mask", None)
+    return {"alibi": getattr(opts, "alibi_slopes", None) is not None,
+            "sinks": getattr(opts, "sinks", None) is not None,
+            "float_mask": mask is not None and getattr(mask, "dtype", None) is not None
+            and mask.dtype.kind != "b"}
 
 
 __all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan", "preset"]

@@ -44,12 +44,14 @@ def rule_text(r, what: str = "out") -> Text:
     return line
 
 
-def _verdict_rows(v, model_err: float | None = None, label: str = "this run") -> list:
+def _verdict_rows(v, model_err: float | None = None, label: str = "this run",
+                  kernel: str | None = None) -> list:
     ratio = f"  ({v.plain_err / v.err:.3g}× {label})" if v.err else ""
     rows = [(f"max |O − ref64|, {label}", num(v.err, 3))]
     if model_err is not None:
         rel = f"  ({v.err / model_err:.3g}× the model)" if model_err else ""
-        rows.append(("max |O − ref64|, osm flash model", Text.assemble(num(model_err, 3), rel)))
+        model = f"osm's {kernel} model" if kernel else "osm flash model"
+        rows.append((f"max |O − ref64|, {model}", Text.assemble(num(model_err, 3), rel)))
     rows += [
         (f"max |O − ref64|, plain {v.dtype}", Text.assemble(num(v.plain_err, 3), ratio)),
         ("FlashAttention test rule", rule_text(v.rule)),
@@ -79,7 +81,7 @@ def check_report(rep, name: str, top: int) -> Group:
     head = Text(f"{name}: shape {rep.shape}, judged as {v.dtype} against the float64 reference "
                 f"of the {v.dtype}-rounded Q, K, V")
     t = kv_table([("inputs", rounding_text(rep.notes)),
-                   *_verdict_rows(v, rep.model_err, "the kernel"),
+                   *_verdict_rows(v, rep.model_err, "the kernel", rep.kernel),
                    ("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
                    ("verdict", pass_fail(v.passed))])
     rows = Table(title=f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's "

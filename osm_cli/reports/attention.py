@@ -79,16 +79,17 @@ def _tile_order(q, k, order: str, seed: int, block_k: int | None, layout: str):
     return block_order(-(-s // bk), order, seed)
 
 
-def kernel_for(model: Model | None, kernel: str | None) -> str | None:
+def kernel_for(model: Model | None, kernel: str | None, opts=None) -> str | None:
     """The kernel a run models: the one named, else fa2 for 16-bit, fa4-sm100 for FP8 and
-    osm's own tiles otherwise (presets.default_kernel); None for precision naive (no tiles).
-    A preset needs a model (--dtype) and a tiled one."""
+    osm's own tiles otherwise, or the first of these that takes opts' sinks, ALiBi or mask
+    (presets.default_kernel); None for precision naive (no tiles). A preset needs a model
+    (--dtype) and a tiled one."""
     if model is not None and model.precision == "naive":
         if kernel not in (None, "tiles"):
             raise OsmError(f"--kernel {kernel} models a tiled kernel; --precision naive is "
                            "one-shot attention")
         return None
-    name = kernel or (default_kernel(model.name) if model is not None else "tiles")
+    name = kernel or (default_kernel(model.name, opts) if model is not None else "tiles")
     if name != "tiles" and model is None:
         takes = " or ".join(PRESETS[name].dtypes)
         raise OsmError(f"--kernel {name} models a kernel of {takes} inputs; give --dtype "
@@ -150,7 +151,7 @@ def attention_report(
         raise OsmError("--splits and --order run on one dense batch; a varlen or paged batch "
                        "runs its sequences one by one")
     shown = model is not None or kernel is not None
-    name = kernel_for(model, kernel)
+    name = kernel_for(model, kernel, opts)
     tau = rescale_threshold
     if name not in (None, "tiles"):
         preset_refusals(name, order=order, form=tiling.form, splits=splits,

@@ -85,7 +85,7 @@ def backward_report(
     """
     from .attention import kernel_for
 
-    name = kernel_for(model, kernel)
+    name = kernel_for(model, kernel, opts)
     if mma != "blas" and name == "tiles":
         raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
                        "own loop")
