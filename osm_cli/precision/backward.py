@@ -5,8 +5,9 @@ attention's gradients, FlashAttention's test `pt` (docs/numerics.md#backward-pre
   float32; P rounded to the dtype before Pᵀ·dO, dS rounded to the dtype before dS·K and
   dSᵀ·Q (the tensor cores' 16-bit operands); dQ, dK, dV accumulated in float32, times the
   scale at the end, rounded to the dtype once. Under GQA each query head's dK and dV are
-  rounded to the dtype before the group's sum, as FA2 writes them per head and then sums.
-  Tiles: FA2's backward tiles for the head dim (`fa2_backward_blocks`).
+  rounded to the dtype before the group's sum, as FA2 writes them per head and then sums;
+  FA3/FA4 (--kernel fa4, fa4-sm100) sum the group in float32. Tiles: the kernel's backward
+  tiles for the head dim (`fa2_backward_blocks`, `fa4_backward_blocks`).
 - plain: autograd through plain attention in the dtype (model.plain), each op rounded.
 
 Leaves out: the tile loop (attention/backward.py), the verdict (rule.py), check (check.py).
@@ -39,12 +40,30 @@ def fa2_backward_blocks(d: int) -> tuple[int, int]:
     return 64, 64
 
 
-def flash_hooks(m: Model) -> Hooks:
-    """The backward's Hooks of model m: the state's dtype, P and dS rounded, GQA's per-head
-    rounding (none where the dtype is as wide as the state)."""
+def fa4_backward_blocks(d: int, causal: bool = False) -> tuple[int, int]:
+    """(block_q, block_k) of FA4's SM90 backward (flash_attn/cute, _tile_size_bwd_sm90):
+    128 × 128 up to d = 64, 64 × 128 up to 96, 80 × 128 up to 128 (64 × 128 causal or local),
+    64 × 96 up to 192, 64 × 48 beyond.
+    Example: fa4_backward_blocks(128) -> (80, 128)"""
+    if d <= 64:
+        return 128, 128
+    if d <= 96:
+        return 64, 128
+    if d <= 128:
+        return (64 if causal else 80), 128
+    return (64, 96) if d <= 192 else (64, 48)
+
+
+GROUP_IN_FP32 = ("fa4", "fa4-sm100")  # FA3/FA4: a kv head's dK, dV summed over its group in fp32
+
+
+def flash_hooks(m: Model, kernel: str | None = None) -> Hooks:
+    """The backward's Hooks of model m: the state's dtype, P and dS rounded, and under GQA
+    each query head's dK and dV rounded before the group's sum (FA2) or not (FA3/FA4, whose
+    kv head accumulates its group in float32); none where the dtype is as wide as the state."""
     if m.p_round is None:
         return Hooks(m.accum)
-    return Hooks(m.accum, m.round_p, m.round_p, m.round_p)
+    return Hooks(m.accum, m.round_p, m.round_p, None if kernel in GROUP_IN_FP32 else m.round_p)
 
 
 def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
@@ -53,24 +72,29 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
     """The flash model's backward: attention_backward with model m's rounding, dQ, dK, dV
     rounded to the dtype at the end. q, k, v and do hold the dtype's values already
     (round_inputs); out and lse are the forward's (a kernel's; without them osm's flash model
-    runs the forward, O rounded to the dtype as a kernel stores it). tiling None: FA2's
-    backward tiles. kernel: the preset whose forward gives O and LSE (presets.py; default fa2
-    for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its matmuls round; the backward's
-    own tiling stays FA2's. kwargs are attention_backward's (trace_at, trace_key, progress)."""
+    runs the forward, O rounded to the dtype as a kernel stores it). kernel: the preset whose
+    forward gives O and LSE (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles
+    otherwise) and whose backward is modelled: fa4 and fa4-sm100 take FA4's backward tiles and
+    sum GQA's dK, dV in float32; the others FA2's tiles and per-head rounding. tiling replaces
+    the tiles; mma is how the forward's matmuls round. kwargs are attention_backward's
+    (trace_at, trace_key, progress)."""
+    from .presets import default_kernel
+
     opts = opts or ScoreOptions()
+    name = kernel or default_kernel(m.name, opts)
     if tiling is None:
-        tiling = Tiling(*fa2_backward_blocks(np.shape(q)[-1]))
+        d = np.shape(q)[-1]
+        tiling = Tiling(*(fa4_backward_blocks(d, bool(opts.causal or opts.window is not None))
+                          if name in GROUP_IN_FP32 else fa2_backward_blocks(d)))
     own = out is None and lse is None
     if own:
         from .kernels import run_flash  # the forward's schedule, beside the backward's own
-        from .presets import default_kernel
 
-        name = kernel or default_kernel(m.name, opts)
         extra = {} if name == "tiles" else {"mma": mma}
         fwd = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
         out, lse = fwd.out, fwd.lse
     res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
-                             hooks=flash_hooks(m), **kwargs)
+                             hooks=flash_hooks(m, name), **kwargs)
     res = replace(res, own_forward=own)
     if bits(m.dtype) >= bits(res.dq.dtype):
         return res
@@ -89,4 +113,5 @@ def plain_backward(q, k, v, do, dtype, opts: ScoreOptions | None = None,
                                   rnd=lambda x: round_to(x, dt, c), carry=c)
 
 
-__all__ = ["fa2_backward_blocks", "flash_backward", "flash_hooks", "plain_backward"]
+__all__ = ["GROUP_IN_FP32", "fa2_backward_blocks", "fa4_backward_blocks", "flash_backward",
+           "flash_hooks", "plain_backward"]
