@@ -351,3 +351,24 @@ def test_check_of_the_combo_bundle_with_its_gradients(runner):
     assert r.exit_code == 0, r.output
     assert "max |O − ref64|, osm's fa4 model   0.0155" in r.stdout
     assert "FAIL" not in r.stdout
+
+
+FP8 = ["samples/fp8/q.npy", "samples/fp8/k.npy", "samples/fp8/v.npy", "--dtype", "e4m3",
+       "--kernel", "fa4-sm100", "--q-descale", "samples/fp8/q_descale.npy", "--k-descale",
+       "samples/fp8/k_descale.npy", "--v-descale", "samples/fp8/v_descale.npy"]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_fp8_trace_shows_the_saturating_p(runner, width):
+    """flash-attention #2716 as the trace shows it: with a lazy threshold of 8 log2 units
+    (5.545 in natural log) m stays at tile 3's max, the largest P of tiles 2, 1, 0 grows to
+    2^10, 2^12, 2^14 and 49, 111 and all 128 of the row's P saturate at 448; eagerly (the
+    kernel's own τ = 0 for FP8) every tile's largest P is 2^8 and none saturates."""
+    r = run(runner, "attention", *FP8, "--rescale-threshold", "5.545", width=width)
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stdout.splitlines() if ln.rstrip().endswith(
+        ("256", "1024 (49)", "4096 (111)", "16384 (128)"))]
+    assert [ln.split()[0] for ln in lines] == ["3", "2", "1", "0"]
+    assert all(len(ln) <= width for ln in r.stdout.splitlines())
+    doc = json.loads(run(runner, "attention", *FP8, "--json").stdout)
+    assert [(s["p_max"], s["saturated"]) for s in doc["trace"]["steps"]] == [(256.0, 0)] * 4

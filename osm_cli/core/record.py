@@ -55,6 +55,8 @@ class Step:
     o_norm: float | None = None
     sink: bool = False  # not a tile: the sink joining the denominator (block_max is its logit)
     pages: tuple | None = None  # paged KV: the physical pages the tile's keys came from
+    p_max: float | None = None  # FP8: the row's largest P of the tile before rounding (offset in)
+    saturated: int | None = None  # FP8: how many of those P exceed the dtype's largest finite
 
     @property
     def rescaled(self) -> bool:

@@ -330,13 +330,15 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
         alpha = ar.ops.exp2(arg)
         p = _probabilities(kernel, ar, s, safe, off)
         lanes = row_sums(kernel.row_sum, (lanes * alpha[..., None]).astype(F32, copy=False), p)
+        top = _top(p, ar, at)  # before P is rounded (in place for bf16)
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 np.multiply(o, alpha[..., None], out=o))
         counts.computed += 1
         counts.row_visits += n
         counts.rescales += int(np.count_nonzero((m_new != m) & np.isfinite(m)))
         if at is not None:
-            row.steps.append(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at, prev=row))
+            row.steps.append(replace(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at,
+                                           prev=row), **top))
         m = m_new
     lse, o = _finalize(plan, ar, kernel, m, lanes, o, n, row)
     out5[..., i0:i1, :] = o.reshape(b, hk, g, n, dv)
@@ -438,6 +440,16 @@ def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _
 def _show_l(l: float, ar: Arith) -> float:
     """l as the trace shows it: the FP8 offset 2^offset divided back out."""
     return l / 2.0 ** ar.offset
+
+
+def _top(p: np.ndarray, ar: Arith, at) -> dict:
+    """FP8: the traced row's largest P of the tile and how many saturate (P above the dtype's
+    largest finite: flash-attention #2716), as Step fields; {} for 16-bit P or no traced row."""
+    if at is None or bits(ar.p_dtype) != 8:
+        return {}
+    row = p[at]
+    return {"p_max": float(row.max(initial=0.0)),
+            "saturated": int(np.count_nonzero(row > F32(_f8max(ar.p_dtype))))}
 
 
 def _step(bounds, block_max, m, m_new, alpha, lanes, o, ar: Arith, at, prev: _Row) -> Step:

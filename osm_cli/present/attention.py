@@ -171,10 +171,15 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
     pages = any(st.pages for st in res.trace)
     if pages:
         t.add_column("pages", **nc)
+    fp8 = any(st.p_max is not None for st in res.trace)
+    if fp8:  # FP8: P's largest before rounding, and how many of the row's P saturate
+        t.add_column("P max (sat)", **nc)
 
     def row(n):
         s = res.trace[n]
         extra = [",".join(map(str, s.pages or ()))] if pages else []
+        if fp8:
+            extra.append(_p_top(s, d))
         if s.masked:
             return [str(s.block), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
                     num(s.m, d), "", num(s.l, d), *([""] if with_o else []), "", *extra]
@@ -203,6 +208,15 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
     if not arrows:
         title += "\nm and l after each tile (the row above holds their values before it)"
     return Group(Text(title), t)
+
+
+def _p_top(s, d: int) -> Text:
+    """'256' or, where some saturate, '16384 (128)' in red; '' for a tile not computed."""
+    if s.p_max is None:
+        return Text("")
+    if not s.saturated:
+        return num(s.p_max, d)
+    return Text.assemble(num(s.p_max, d), (f" ({s.saturated})", "bold red"))
 
 
 def attention_output(res, ref_row, show_all: bool = False) -> Group:

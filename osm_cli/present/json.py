@@ -133,6 +133,8 @@ def tile_doc(s) -> dict:
         doc["sink"] = True
     if s.pages is not None:
         doc["pages"] = list(s.pages)
+    if s.p_max is not None:  # FP8: the largest P before rounding, and how many saturated
+        doc["p_max"], doc["saturated"] = s.p_max, s.saturated
     return doc
 
 
