@@ -17,8 +17,9 @@ block max and m in log2 units, whether m moved, α, the largest P of the tile be
 against 448, and how many of its P saturate; then O's and the LSE's error against the float64
 reference for each τ.
 
-The largest P is 2^(8 + (block max − m)·log2 e) from the trace's values; the trace holds no P,
-so the saturated count is taken from the float64 scores: keys with 2^8·exp(s − m) > 448.
+The largest P and the saturated count are the trace's own (Step.p_max, Step.saturated: the
+model's P before rounding); beside them, 2^(8 + (block max − m)·log2 e) from m and the block max
+and the count from the float64 scores, 2^8·exp(s − m) > 448, as a check on both.
 
 Usage: python benchmarks/fp8_saturation.py [--write-samples]
 (--write-samples makes samples/fp8/ again from its seed; the output is
@@ -106,13 +107,16 @@ def tile_rows(res, scores: np.ndarray) -> list[dict]:
         m = st.m
         top = 2.0 ** (OFFSET + (st.block_max - m) * LOG2E)
         p = 2.0 ** OFFSET * np.exp(scores[st.start:st.stop] - m)
+        if abs(st.p_max - top) > 1e-3 * top or st.saturated != np.count_nonzero(p > E4M3_MAX):
+            raise SystemExit(f"tile {st.block}: the trace's P max {st.p_max} ({st.saturated} "
+                             f"saturated) is not 2^(8 + Δ·log2 e) = {top:.6g}")
         rows.append({"tile": st.block, "keys": f"{st.start}:{st.stop}",
                      "block_max": st.block_max * LOG2E,
                      "m": m * LOG2E,
                      "m_was": "-" if not np.isfinite(st.m_prev) else
                      ("moved" if st.m != st.m_prev else "kept"),
-                     "alpha": st.alpha, "l": st.l, "p_max": top,
-                     "saturated": int(np.count_nonzero(p > E4M3_MAX))})
+                     "alpha": st.alpha, "l": st.l, "p_max": st.p_max,
+                     "saturated": st.saturated})
     return rows
 
 
