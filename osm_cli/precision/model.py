@@ -64,12 +64,16 @@ class Model:
                 f"LSE in {self.accum.name}")
 
 
-    def describe_backward(self) -> str:
+    def describe_backward(self, kernel: str | None = None) -> str:
         if self.p_round is None:
             return f"flash backward: inputs in {self.name}, arithmetic in {self.accum.name}"
-        return (f"flash backward (FA2): Q, K, V, O, dO in {self.name}; D, S, P, dP, dS in "
-                f"{self.accum.name}; P and dS rounded to {self.name} before their matmuls; "
-                f"dQ, dK, dV accumulated in {self.accum.name}, rounded to {self.name} at the end")
+        fa4 = kernel in ("fa4", "fa4-sm100")
+        group = ("GQA's dK, dV summed over the group in float32" if fa4 else
+                 "GQA's dK, dV rounded per query head before the group's sum")
+        return (f"flash backward ({'FA4' if fa4 else 'FA2'}): Q, K, V, O, dO in {self.name}; "
+                f"D, S, P, dP, dS in {self.accum.name}; P and dS rounded to {self.name} before "
+                f"their matmuls; dQ, dK, dV accumulated in {self.accum.name}, rounded to "
+                f"{self.name} at the end; {group}")
 
 
 def model(dtype: str = "float32", precision: str | None = None, accum: str | None = None) -> Model:

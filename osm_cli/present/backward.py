@@ -31,7 +31,10 @@ def backward_summary(rep) -> Table:
                 "not run: the given O and LSE are the forward's")
         line = kernel_text(rep.kernel, mma=rep.mma,
                            dtype=None if rep.model is None else rep.model.name)
-        rows.append(("kernel", f"{line} ({what}; the backward: FA2's model, tiles below)"
+        fa4 = rep.kernel in ("fa4", "fa4-sm100")
+        bwd = ("FA4's model: its tiles below, GQA's dK, dV summed in float32" if fa4
+               else "FA2's model, tiles below")
+        rows.append(("kernel", f"{line} ({what}; the backward: {bwd})"
                      if rep.kernel != "tiles" else f"{line} ({what})"))
     rows += [
         ("forward", forward),
@@ -62,7 +65,7 @@ def _range(d: np.ndarray) -> Text | str:
 
 def backward_precision(rep) -> Table:
     """backward --dtype: the model, the inputs' rounding and each gradient's verdict."""
-    rows = [("precision", rep.model.describe_backward()),
+    rows = [("precision", rep.model.describe_backward(rep.kernel)),
             (f"inputs in {rep.model.name}", rounding_text(rep.notes))]
     for g in rep.verdicts:
         rows += [(f"max |{g.label} − ref64|", Text.assemble(

@@ -336,7 +336,8 @@ def backward_doc(rep) -> dict:
     if rep.model is not None:
         doc["precision"] = {
             "dtype": rep.model.name, "accum": rep.model.accum.name,
-            "model": rep.model.describe_backward(), "inputs": [vars(n) for n in rep.notes],
+            "model": rep.model.describe_backward(rep.kernel),
+            "inputs": [vars(n) for n in rep.notes],
             "gradients": [grad_check_doc(g) for g in rep.verdicts],
         }
     return doc

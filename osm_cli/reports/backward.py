@@ -79,9 +79,10 @@ def backward_report(
 
     q, k, v, do hold `model`'s values already (precision.model.prepare gives `notes`); run_kw
     are attention_backward's trace_at, trace_key and progress. Under a model the tiles default
-    to FA2's backward tiles, and each gradient is judged by the backward rule. kernel names
-    the preset whose forward gives O and LSE when none is given (kernel_for's default), mma
-    how its matmuls round; the backward's own tiling stays FA2's.
+    to the kernel's backward tiles, and each gradient is judged by the backward rule. kernel
+    names the preset (kernel_for's default) whose forward gives O and LSE when none is given
+    and whose backward is modelled (FA2's, or FA4's for fa4 and fa4-sm100: precision/
+    backward.py); mma is how the forward's matmuls round.
     """
     from .attention import kernel_for
 
