@@ -464,11 +464,12 @@ def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _
             o = (o * ar.vscale).astype(F32)
     with np.errstate(divide="ignore", invalid="ignore"):
         if kernel.lse == "log2":
-            lse = (((ms + (np.log2(safe_l).astype(F32) - off)).astype(F32)) * F32(LN2))
-        else:  # FA2: m·scale + ln l, one fma
+            lse = (((ms + (ar.ops.log2(safe_l) - off)).astype(F32)) * F32(LN2))
+        else:  # FA2: m·scale + __logf(l), one fma
             unit = ar.nat[..., 0].astype(F32)
             mm = np.where(np.isneginf(m), F32(0), m)
-            lse = fma(mm, unit, np.log(safe_l).astype(F32))
+            ln_l = (ar.ops.log2(safe_l) * F32(LN2)).astype(F32)  # __logf: lg2.approx · ln 2
+            lse = fma(mm, unit, ln_l)
     lse = np.where(bad, F32(-np.inf), lse).astype(F32)
     return lse, o
 

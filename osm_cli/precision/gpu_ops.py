@@ -36,12 +36,14 @@ EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
 @dataclass(frozen=True)
 class Ops:
     """The GPU's approximate instructions, as osm computes them: exp2 (ex2.approx), tanh
-    (tanh.approx) and 1/x (rcp.approx) in float32, correctly rounded on the CPU. An ablation
-    replaces one with values measured on the GPU (benchmarks/kernel_ablation.py)."""
+    (tanh.approx), 1/x (rcp.approx) and log2 (lg2.approx, behind __logf) in float32, correctly
+    rounded on the CPU. An ablation replaces one with values measured on the GPU
+    (benchmarks/kernel_ablation.py)."""
 
     ex2: Callable | None = None
     tanh: Callable | None = None
     rcp: Callable | None = None
+    lg2: Callable | None = None
 
     def exp2(self, x: np.ndarray) -> np.ndarray:
         if self.ex2 is not None:  # a copy: the loop rounds P in place
@@ -53,6 +55,12 @@ class Ops:
         if self.tanh is not None:
             return np.asarray(self.tanh(np.asarray(x, dtype=F32)), dtype=F32)
         return np.tanh(x.astype(np.float64)).astype(F32)
+
+    def log2(self, x: np.ndarray) -> np.ndarray:
+        if self.lg2 is not None:
+            return np.asarray(self.lg2(np.asarray(x, dtype=F32)), dtype=F32)
+        with np.errstate(divide="ignore"):
+            return np.log2(x, dtype=F32)
 
     def recip(self, x: np.ndarray) -> np.ndarray:
         if self.rcp is not None:
