@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from osm_cli.attention.fast import STACK_ROWS
 from osm_cli.attention.forward import (
     Attention,
     Hooks,
@@ -227,9 +228,9 @@ def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, 
     lse5 = np.zeros((b, hk, g, plan.t), dtype=F32)
 
     def run(group):
-        return _q_tile(plan, ar, kernel, group[0], out5, lse5)
+        return _q_tile(plan, ar, kernel, group, out5, lse5)
 
-    trace, counts = run_q_tiles(plan, [(i0,) for i0 in plan.q_starts], run, progress)
+    trace, counts = run_q_tiles(plan, _stacks(plan), run, progress)
     res = assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
                    len(plan.q_starts) * len(plan.starts))
     return replace(res, kernel=kernel.name)
@@ -309,6 +310,22 @@ def _alibi(plan: Plan, ar: Arith, i0: int, n: int, j0: int, j1: int,
     return (-(slope * dist)).astype(F32)
 
 
+def _stacks(plan: Plan) -> list[tuple[int, ...]]:
+    """The Q tiles run as one stack of rows: consecutive tiles up to STACK_ROWS rows a step
+    (one at a time under a user's mask). Each row is its own softmax: a K/V tile that the
+    causal band or window hides from one tile of the stack but not from another is computed
+    for the whole stack, and the rows that see none of its keys keep their state exactly (α =
+    1, P = 0), as if skipped; the counters and the traced row's steps are the kernel's own.
+    With mma="tensor-core" every element's sums are its own, so the bits do not depend on the
+    stack; BLAS's float32 sums may (within an ulp)."""
+    b, hk, g = plan.groups
+    size = 1
+    if plan.user_mask is None:
+        size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
+    starts = list(plan.q_starts)
+    return [tuple(starts[i:i + size]) for i in range(0, len(starts), size)]
+
+
 class _Row:
     """The traced row's place in a tile stack and its steps."""
 
@@ -321,10 +338,12 @@ class _Row:
         self.steps: list[Step] = []
 
 
-def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
-    """The kernel's loop over K/V tiles for the query rows i0:i0+block_q of every head."""
+def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5, lse5):
+    """The kernel's loop over K/V tiles for the query rows of the Q tiles `group` (_stacks:
+    consecutive, one stack of rows) of every head."""
     b, hk, g = plan.groups
-    i1 = min(plan.t, i0 + plan.bq)
+    i0, tiles_here = group[0], len(group)
+    i1 = min(plan.t, group[-1] + plan.bq)
     n = i1 - i0
     d, dv = plan.q5.shape[-1], plan.v3.shape[-1]
     qt = plan.q5[..., i0:i1, :].reshape(b * hk, g * n, d).astype(F32, copy=False)
@@ -343,10 +362,13 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
         if plan.user_mask is not None:
             um = plan.user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
         kind = tile_kind(plan.band, um, i0, i1, j0, j1)
+        seen = [tile_kind(plan.band, um, a, min(plan.t, a + plan.bq), j0, j1) != "skip"
+                for a in group] if tiles_here > 1 else [kind != "skip"]
+        counts.skipped += tiles_here - sum(seen)
+        hidden = at is not None and not seen[(plan.traced[2] - i0) // plan.bq]
+        if hidden:  # the kernel skips this tile for the traced row's own Q tile
+            row.steps.append(_masked_step(bounds, m, lanes, o, ar, at))
         if kind == "skip":
-            counts.skipped += 1
-            if at is not None:
-                row.steps.append(_masked_step(bounds, m, lanes, o, ar, at))
             continue
         s = _scores(plan, ar, kernel, qt, i0, n, j0, j1, plan.softcap)
         if kind == "partial" and plan.band is not None:
@@ -369,10 +391,11 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, i0: int, out5, lse5):
         top = _top(p, ar, at)  # before P is rounded (in place for bf16)
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 np.multiply(o, alpha[..., None], out=o))
-        counts.computed += 1
-        counts.row_visits += n
+        counts.computed += sum(seen)
+        counts.row_visits += sum(min(plan.t, a + plan.bq) - a
+                                 for a, saw in zip(group, seen, strict=True) if saw)
         counts.rescales += int(np.count_nonzero((m_new != m) & np.isfinite(m)))
-        if at is not None:
+        if at is not None and not hidden:
             row.steps.append(replace(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at,
                                            prev=row), **top))
         m = m_new
