@@ -290,3 +290,26 @@ def test_fa4_backward_sums_a_groups_dk_dv_in_float32():
                          for g in ("dk", "dv")]
     assert min(share["fa4"]) >= 0.995
     assert max(share["fa2"]) < 0.7
+
+
+@pytest.mark.parametrize("kernel, causal, window", [("fa2", True, None), ("fa4", False, None),
+                                                    ("fa4-sm100", True, (40, 8))])
+def test_stacked_q_tiles_change_nothing_a_user_sees(monkeypatch, kernel, causal, window):
+    """Q tiles stacked into one step (emulate._stacks) against one tile at a time, tensor-core
+    mode: the same bits, the same traced steps (tiles the kernel skips for the traced row's own
+    Q tile still show as skipped) and the same counters."""
+    import osm_cli.precision.emulate as em
+
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(F32)
+               for shape in ((1, 2, 300, 64), (1, 2, 420, 64), (1, 2, 420, 64)))
+    kw = dict(kernel=kernel, mma="tensor-core", causal=causal, window=window,
+              trace_at=(0, 1, 150), sms=1)
+    stacked = run_flash(model("bf16"), q, k, v, **kw)
+    monkeypatch.setattr(em, "STACK_ROWS", 0)
+    single = run_flash(model("bf16"), q, k, v, **kw)
+    assert np.array_equal(stacked.out, single.out) and np.array_equal(stacked.lse, single.lse)
+    assert [repr(s) for s in stacked.trace] == [repr(s) for s in single.trace]
+    for name in ("tiles_computed", "tiles_skipped", "row_visits", "rescales", "tiles_total"):
+        assert getattr(stacked, name) == getattr(single, name), name
+    assert any(s.masked for s in single.trace) == bool(causal or window)
