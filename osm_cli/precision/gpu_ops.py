@@ -45,27 +45,28 @@ class Ops:
     rcp: Callable | None = None
     lg2: Callable | None = None
 
+    def _measured(self, op: Callable | None, x):
+        """op's values for x as a fresh float32 array (the loop rounds P in place), or None
+        where osm computes the op itself."""
+        return None if op is None else np.array(op(np.asarray(x, dtype=F32)), dtype=F32)
+
     def exp2(self, x: np.ndarray) -> np.ndarray:
-        if self.ex2 is not None:  # a copy: the loop rounds P in place
-            return np.array(self.ex2(np.asarray(x, dtype=F32)), dtype=F32)
+        y = self._measured(self.ex2, x)
         with np.errstate(over="ignore"):
-            return np.exp2(x, dtype=F32)
+            return np.exp2(x, dtype=F32) if y is None else y
 
     def tanh_(self, x: np.ndarray) -> np.ndarray:
-        if self.tanh is not None:
-            return np.asarray(self.tanh(np.asarray(x, dtype=F32)), dtype=F32)
-        return np.tanh(x.astype(np.float64)).astype(F32)
+        y = self._measured(self.tanh, x)
+        return np.tanh(x.astype(np.float64)).astype(F32) if y is None else y
 
     def log2(self, x: np.ndarray) -> np.ndarray:
-        if self.lg2 is not None:
-            return np.asarray(self.lg2(np.asarray(x, dtype=F32)), dtype=F32)
+        y = self._measured(self.lg2, x)
         with np.errstate(divide="ignore"):
-            return np.log2(x, dtype=F32)
+            return np.log2(x, dtype=F32) if y is None else y
 
     def recip(self, x: np.ndarray) -> np.ndarray:
-        if self.rcp is not None:
-            return np.asarray(self.rcp(np.asarray(x, dtype=F32)), dtype=F32)
-        return (F32(1) / x).astype(F32)
+        y = self._measured(self.rcp, x)
+        return (F32(1) / x).astype(F32) if y is None else y
 
 
 def exp2_emulated(x: np.ndarray) -> np.ndarray:
