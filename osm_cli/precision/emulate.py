@@ -37,14 +37,12 @@ from osm_cli.attention.forward import (
     ScoreOptions,
     Tiling,
     assemble,
-    masked_as,
     packed_attention,
     run_q_tiles,
 )
 from osm_cli.attention.masks import tile_kind
 from osm_cli.attention.options import split_options
 from osm_cli.attention.plan import Counts, Plan, make_plan, row_step
-from osm_cli.attention.shapes import as_bhnd
 from osm_cli.core.record import Step
 from osm_cli.errors import InputError, OsmError
 
@@ -62,7 +60,8 @@ from .gpu_ops import (
     row_sums,
 )
 from .model import Model
-from .presets import EIGHT, SMS, Preset, fa2_plan
+from .presets import EIGHT, Preset
+from .splitkv import split_kv_run
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
         res = packed_attention(q, k, v, opts, tiling, Hooks(np.float32), masked_lse, trace_at,
                                dense=dense)
     elif kernel.split_kv and tiling.block_k is None:
-        res = _split(kernel, q, k, v, opts, masked_lse, trace_at, dense, sms)
+        res = split_kv_run(q, k, v, opts, masked_lse, trace_at, dense, sms)
     else:
         res = dense(q, k, v, opts=opts, masked_lse=masked_lse, trace_at=trace_at)
     return _finish(m, res)
@@ -145,72 +144,6 @@ def _finish(m: Model, res: Attention) -> Attention:
         return res
     trace_out = None if res.trace_out is None else res.trace_out.astype(out_dt).astype(F32)
     return replace(res, out=res.out.astype(out_dt).astype(F32), trace_out=trace_out)
-
-
-def _split(kernel: Preset, q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, dense,
-           sms: int | None) -> Attention:
-    """FA2's split-KV kernel where its heuristic picks it: each key range run to a float32
-    (O, LSE) of its own (−inf for a range without keys), combined in float32
-    (docs/numerics.md#fa2-schedule)."""
-    layout = opts.layout
-    b, h, t, d = as_bhnd(np.asarray(q), layout, "Q").shape
-    s = as_bhnd(np.asarray(k), layout, "K").shape[2]
-    _, bk, splits = fa2_plan(b, h, t, s, d, sms or SMS)
-    if splits <= 1:
-        return dense(q, k, v, opts=opts, masked_lse=masked_lse, trace_at=trace_at)
-    n_blocks = -(-s // bk)
-    per = max(1, -(-n_blocks // splits))
-    ranges = [(j * bk, min(s, (j + per) * bk)) for j in range(0, n_blocks, per)]
-    parts = [dense(q, k, v, opts=opts, masked_lse="neg-inf", trace_at=trace_at, keys=r,
-                   block_k=bk) for r in ranges]
-    out, merged_lse = fa2_combine([p.out for p in parts], [p.lse for p in parts], d)
-    lse = masked_as(merged_lse, masked_lse)
-    trace = tuple(st for p in parts for st in p.trace)
-    return replace(parts[0], out=out, lse=lse, trace=trace,
-                   tiles_computed=sum(p.tiles_computed for p in parts),
-                   tiles_skipped=sum(p.tiles_skipped for p in parts),
-                   tiles_total=sum(p.tiles_total for p in parts),
-                   rescales=sum(p.rescales for p in parts),
-                   row_visits=sum(p.row_visits for p in parts),
-                   masked_rows=int(np.isneginf(lse).sum()), trace_out=None,
-                   masked_lse=masked_lse, splits=len(parts))
-
-
-def fa2_combine(outs: list, lses: list, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """FA2's split-KV combine kernel (flash_fwd_kernel.h, combine_attn_seqk_parallel) in its
-    float32 order: m = the splits' largest LSE (0 if all are −inf); Σ exp(LSE_s − m) summed as
-    its threads do (each lane's splits in turn, then a butterfly over the lanes: the lane
-    count and splits per lane follow from the head dim and the split count); L = ln Σ + m;
-    O = Σ_s exp(LSE_s − L)·O_s, one fused multiply-add per split in split order. A row that no
-    split saw gets L = −inf (the kernel writes +inf) and O = 0.
-
-    Example: fa2_combine([o0, o1], [l0, l1], 64) -> (out, lse), both float32
-    """
-    lse = np.stack([np.asarray(x, dtype=F32) for x in lses])
-    dr = -(-d // 32) * 32  # the kernel's rounded head dim
-    block_m = 4 if dr % 128 == 0 else 8 if dr % 64 == 0 else 16
-    most = max(2, 1 << (len(lses) - 1).bit_length())  # kMaxSplits: a power of 2, at least 2
-    lanes = min(most, 128 // block_m)
-    with np.errstate(invalid="ignore", over="ignore"):
-        top = lse.max(axis=0)
-        top = np.where(np.isneginf(top), F32(0), top)
-        e = np.exp(lse - top, dtype=F32)
-        e = np.concatenate([e, np.zeros((most - len(lses), *e.shape[1:]), F32)])
-        per = e[:lanes].copy()
-        for j in range(lanes, most, lanes):  # each lane's own splits, in turn
-            per += e[j:j + lanes]
-        while len(per) > 1:  # the butterfly: shfl_xor by half the lanes, then half again
-            half = len(per) // 2
-            per = per[:half] + per[half:]
-        total = per[0]
-        none = (total == 0) | np.isnan(total)
-        logsum = np.where(none, F32(np.inf), np.log(np.where(none, F32(1), total), dtype=F32)
-                          + top).astype(F32)
-        scale = np.exp(lse - logsum, dtype=F32)
-    out = np.zeros(np.shape(outs[0]), dtype=F32)
-    for sc, o in zip(scale, outs, strict=True):
-        out = fma(np.asarray(o, dtype=F32), sc[..., None], out)
-    return out, np.where(none, F32(-np.inf), logsum).astype(F32)
 
 
 def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, kernel: Preset,
