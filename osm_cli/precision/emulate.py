@@ -352,8 +352,30 @@ def _probabilities(kernel: Preset, ar: Arith, s: np.ndarray, safe: np.ndarray,
     if ar.emulated is not None:
         cols = np.flatnonzero(ar.emulated(s.shape[-1]))  # indices: quicker than a mask
         if cols.size:
-            p[..., cols] = exp2_emulated(x[..., cols])
+            vals = exp2_emulated(np.take(x, cols, axis=-1))
+            view = _runs_view(p, cols)
+            if view is None:
+                p[..., cols] = vals
+            else:  # the same columns as a strided view: a plain copy, not a scatter
+                view[...] = vals.reshape(view.shape)
     return p
+
+
+def _runs_view(p: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
+    """p's columns `cols` as a view when they are runs of one length at a fixed stride (SM100's
+    pattern for most head dims: 4 columns every 16), else None."""
+    starts = cols[np.concatenate([[True], np.diff(cols) != 1])]
+    length = cols.size // starts.size
+    step = int(starts[1] - starts[0]) if starts.size > 1 else length
+    regular = (cols.size == starts.size * length and step >= length
+               and np.array_equal(starts, starts[0] + step * np.arange(starts.size))
+               and np.array_equal(cols, (starts[:, None] + np.arange(length)).ravel())
+               and starts[0] + step * starts.size <= p.shape[-1])
+    if not regular:
+        return None
+    c0 = int(starts[0])
+    block = p[..., c0:c0 + step * starts.size]
+    return block.reshape(*p.shape[:-1], starts.size, step)[..., :length]
 
 
 def _fma_tile(s: np.ndarray, c: np.ndarray, add: np.ndarray) -> np.ndarray:
