@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from osm_cli.cli import app
-from osm_cli.cli.options import MMA_NAMES
+from osm_cli.cli.options import Mma
 
 QKV = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
 PRESET_NAMES = ("fa2", "fa4", "fa4-sm100")
@@ -34,10 +34,10 @@ def error_line(r) -> str:
     return lines[0]
 
 
-def test_mma_names_are_gpu_ops():
+def test_mma_choices_are_gpu_ops():
     from osm_cli.precision.gpu_ops import MMAS
 
-    assert MMA_NAMES == MMAS
+    assert [m.value for m in Mma] == list(MMAS) == ["blas", "tensor-core"]
 
 
 @pytest.mark.parametrize("dtype, kernel", [("bf16", "fa2"), ("fp16", "fa2"),

@@ -257,7 +257,7 @@ def check(
     from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
-    from osm_cli.precision.presets import default_kernel
+    from osm_cli.precision.presets import default_kernel, refuse_mma
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
@@ -280,9 +280,7 @@ def check(
     kname = (kernel and kernel.value) or default_kernel(dname, opts)
     scales = descales(q_descale, k_descale, v_descale)
     preset_refusals(kname, descale=scales, dtype=dname)
-    if kname == "tiles" and mma is not Mma.blas:
-        raise OsmError(f"--mma {mma.value} models a kernel preset's matmuls; --kernel tiles is "
-                       "osm's own loop")
+    refuse_mma(kname, mma.value)
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
                 opts=opts, grad_rule=grad_rule.value, kernel=kname, mma=mma.value,
                 descale=scales, **t)

@@ -25,6 +25,7 @@ from osm_cli.precision.names import (
     DTYPE_NAMES,
     GRAD_RULES,
     KERNELS,
+    MMAS,
     PRECISIONS,
     canonical,
 )
@@ -53,8 +54,7 @@ AccumDtype = _choices("AccumDtype", ACCUMS)
 LseBase = _choices("LseBase", LSE_BASES)
 GradRule = _choices("GradRule", GRAD_RULES)
 Kernel = _choices("Kernel", KERNELS)
-MMA_NAMES = ("blas", "tensor-core")  # precision/gpu_ops.MMAS (numpy-free here; a test checks)
-Mma = _choices("Mma", MMA_NAMES)
+Mma = _choices("Mma", MMAS)
 
 
 def dtype_name(value):

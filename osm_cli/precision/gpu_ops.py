@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .names import MMAS
+
 LOG2E = math.log2(math.e)  # the kernels' LOG2_E / M_LOG2E, a float32 constant on the GPU
 LN2 = math.log(2.0)
 F32 = np.float32
-MMAS = ("blas", "tensor-core")
 MMA_K = 16  # the k of one 16-bit MMA instruction (mma.sync m16n8k16, wgmma …k16)
 MMA_EXTRA = 2  # bits the tensor cores keep below float32's last when aligning terms
 EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,

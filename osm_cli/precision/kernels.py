@@ -27,7 +27,7 @@ def run_flash(m: Model, q, k, v, *, kernel: str | None = None, schedule: str | N
               sms: int = SMS, **kwargs) -> Attention:
     """The flash model of `kernel` (default "tiles") on q, k, v, which should already hold the
     dtype's values (round_inputs); kwargs are attention's (opts, tiling or their fields,
-    masked_lse, trace_at) and, for a preset, run_kernel's (mma, descale, threshold, exp2).
+    masked_lse, trace_at) and, for a preset, run_kernel's (mma, descale, threshold, ops).
 
     Where P is rounded relative to a running max, the kernel's schedule decides which max, and
     its arithmetic (exp2 on an FMA, the reciprocal) the last bits: a preset matches its kernel
@@ -37,7 +37,7 @@ def run_flash(m: Model, q, k, v, *, kernel: str | None = None, schedule: str | N
     if name not in KERNELS:
         raise OsmError(f"unknown kernel {name!r}; the presets are {', '.join(KERNELS)}")
     if name == "tiles":
-        for key in ("mma", "descale", "threshold", "exp2"):
+        for key in ("mma", "descale", "threshold", "ops"):
             if kwargs.pop(key, None) not in (None, "blas"):
                 raise OsmError(f"{key} belongs to a kernel preset; --kernel tiles is osm's own "
                                "loop")

@@ -21,6 +21,7 @@ ALIASES = {
 PRECISIONS = ("flash", "naive")  # docs/numerics.md#precision-model
 ACCUMS = ("float32", "float64")
 KERNELS = ("fa2", "fa4", "fa4-sm100", "tiles")  # presets.py (docs/numerics.md#kernel-presets)
+MMAS = ("blas", "tensor-core")  # how a preset's matmuls round (gpu_ops.matmul)
 GRAD_RULES = ("fa3", "fa2")  # gradcheck.py's rules for gradients (docs/numerics.md#grad-rule)
 
 
@@ -32,4 +33,5 @@ def canonical(name: str) -> str:
     return key
 
 
-__all__ = ["ACCUMS", "ALIASES", "DTYPE_NAMES", "GRAD_RULES", "KERNELS", "PRECISIONS", "canonical"]
+__all__ = ["ACCUMS", "ALIASES", "DTYPE_NAMES", "GRAD_RULES", "KERNELS", "MMAS", "PRECISIONS",
+           "canonical"]

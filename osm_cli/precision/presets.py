@@ -190,6 +190,13 @@ def fa2_plan(b: int, h: int, t: int, s: int, d: int, sms: int = SMS) -> tuple[in
     return 64, block_n, splits
 
 
+def refuse_mma(kernel: str, mma: str) -> None:
+    """One Error line for --mma tensor-core on osm's own loop, whose matmuls are numpy's."""
+    if kernel == "tiles" and mma != "blas":
+        raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
+                       "own loop")
+
+
 def preset(name: str) -> Preset:
     """The preset of a kernel name; a usage error listing them for any other name.
 
@@ -230,4 +237,5 @@ def _asks(opts) -> dict:
             and mask.dtype.kind != "b"}
 
 
-__all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan", "preset"]
+__all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan", "preset",
+           "refuse_mma"]

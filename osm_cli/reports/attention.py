@@ -27,7 +27,7 @@ from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gpu_ops import LOG2E
 from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import Model, hooks_for, judge_run, run, storable
-from osm_cli.precision.presets import PRESETS, default_kernel
+from osm_cli.precision.presets import PRESETS, default_kernel, refuse_mma
 from osm_cli.precision.rule import Verdict
 from osm_cli.studies.order import block_order
 
@@ -159,9 +159,7 @@ def attention_report(
         return _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
                               with_reference, progress, shown, run_kw)
     preset_refusals(name or "tiles", descale=descale)
-    if mma != "blas":
-        raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
-                       "own loop")
+    refuse_mma("tiles", mma)
     if tau is not None:
         tiling = replace(tiling, threshold=tau)
     hooks = hooks_for(model, splits)

@@ -19,11 +19,11 @@ from osm_cli.attention.options import ScoreOptions, Tiling
 from osm_cli.attention.packed import Packed, plan_packing, traced_row
 from osm_cli.attention.reference import reference_backward
 from osm_cli.attention.shapes import as_bhnd
-from osm_cli.errors import OsmError
 from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gradcheck import GRADS, GradCheck, check_grads
 from osm_cli.precision.model import Model
+from osm_cli.precision.presets import refuse_mma
 from osm_cli.precision.rule import max_abs
 
 
@@ -87,9 +87,7 @@ def backward_report(
     from .attention import kernel_for
 
     name = kernel_for(model, kernel, opts)
-    if mma != "blas" and name == "tiles":
-        raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
-                       "own loop")
+    refuse_mma(name or "tiles", mma)
     shown = model is not None or kernel is not None
     if model is None:
         res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
