@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from bench_attention import GIB, LAUNCHER, best_of, environment
 
-from osm_cli.attention.backward import attention_backward
-from osm_cli.attention.forward import attention
+from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.forward import attention
 
 GOAL_VS_FORWARD = 3.0
 

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from osm_cli.attention.forward import attention
+from osm_cli.flash.forward import attention
 
 GOAL_VARLEN = 1.25
 

@@ -28,7 +28,7 @@ from osm_cli.precision.model import model, run_naive
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-att = importlib.import_module("osm_cli.attention")  # the package's `attention` is the function
+att = importlib.import_module("osm_cli.flash")  # the package's `attention` is the function
 
 
 def timed(fn, repeat: int) -> float:

@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from osm_cli.attention.reference import reference  # noqa: E402
+from osm_cli.flash.reference import reference  # noqa: E402
 from osm_cli.precision.emulate import Descale  # noqa: E402
 from osm_cli.precision.kernels import run_flash  # noqa: E402
 from osm_cli.precision.model import model  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from captures import load_cases  # noqa: E402
 
-from osm_cli.attention.options import default_blocks  # noqa: E402
+from osm_cli.flash.options import default_blocks  # noqa: E402
 from osm_cli.precision.emulate import run_kernel  # noqa: E402
 from osm_cli.precision.gpu_ops import Ops  # noqa: E402
 from osm_cli.precision.model import model  # noqa: E402

@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from captures import KERNEL_OF, load_cases  # noqa: E402
 
-from osm_cli.attention.options import ScoreOptions, split_options  # noqa: E402
-from osm_cli.attention.reference import reference, reference_backward  # noqa: E402
 from osm_cli.core.reference import stable_softmax  # noqa: E402
+from osm_cli.flash.options import ScoreOptions, split_options  # noqa: E402
+from osm_cli.flash.reference import reference, reference_backward  # noqa: E402
 from osm_cli.precision.backward import fa2_backward_blocks, flash_backward  # noqa: E402
 from osm_cli.precision.dtypes import DTYPES, ulp  # noqa: E402
 from osm_cli.precision.gradcheck import GRADS, check_grads  # noqa: E402

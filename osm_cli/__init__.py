@@ -15,27 +15,22 @@ contract, checked in CI):
     reports/    what each command reports, computed once
     studies/    lazy rescale, block order, sweep, cost model, tile maps, overflow demo
     precision/  dtypes and rounding, the kernel model, FlashAttention's test rule, check
-    attention/  shapes, masks, scores, the tiled forward, the one-shot reference, split-KV
+    flash/  shapes, masks, scores, the tiled forward, the one-shot reference, split-KV
     core/       the state (m, l, O), the two update steps, the fold, references, merge
 
 Names are imported on first use (PEP 562 __getattr__), so `osm` does not pay at every start for
-modules a command may not need (`osm --help` loads neither numpy nor rich). `attention` is also
-the name of a subpackage, whose first import binds the subpackage to the package's name in place
-of the function: the (light) subpackage is imported here, once, and that binding removed, so that
-`osm_cli.attention` is always the function, found on first use like the rest.
+modules a command may not need (`osm --help` loads neither numpy nor rich). The attention
+algorithms live in the subpackage `flash/`, so that no subpackage shadows the function
+`osm_cli.attention`.
 """
 
 from importlib import import_module
 
-from . import attention as _attention_package  # noqa: F401  (bound once, here; see above)
-
-del globals()["attention"]  # the subpackage's binding: the name is the function's
-
 # module -> the names it exports here
 _API = {
-    "attention.forward": ("attention", "Attention", "ScoreOptions", "Tiling", "Hooks"),
-    "attention.backward": ("Backward", "attention_backward"),
-    "attention.split": ("split_kv",),
+    "flash.forward": ("attention", "Attention", "ScoreOptions", "Tiling", "Hooks"),
+    "flash.backward": ("Backward", "attention_backward"),
+    "flash.split": ("split_kv",),
     "core.record": ("GradStep", "Step"),
     "core.state": ("State", "combine", "initial_state", "merge_step", "rescale_step"),
     "core.fold": ("Trace", "online_softmax"),
@@ -57,8 +52,8 @@ _API = {
     "studies.sweep": ("sweep",),
 }
 _WHERE = {name: (module, name) for module, names in _API.items() for name in names}
-_WHERE["attention_reference"] = ("attention.reference", "reference")  # apart from core's
-_WHERE["attention_reference_backward"] = ("attention.reference", "reference_backward")
+_WHERE["attention_reference"] = ("flash.reference", "reference")  # apart from core's
+_WHERE["attention_reference_backward"] = ("flash.reference", "reference_backward")
 _WHERE["TileStep"] = ("core.record", "Step")  # one record for blocks and tiles since 0.2
 
 

@@ -24,14 +24,14 @@ def test_every_name_in_all_is_the_object_its_module_defines():
                    "attention_reference_backward": "reference_backward"}.get(name, name)
         module = getattr(value, "__module__", None) or f"osm_cli.{osm_cli._WHERE[name][0]}"
         assert value is getattr(sys.modules[module], defined), name  # PRESETS: a dict
-    assert osm_cli.attention_reference.__module__ == "osm_cli.attention.reference"
+    assert osm_cli.attention_reference.__module__ == "osm_cli.flash.reference"
     assert osm_cli.TileStep is osm_cli.Step  # one step record for blocks and tiles (0.2.0)
 
 
 def test_from_imports_and_star_import():
-    """attention is the function, though it is also a subpackage's name."""
+    """attention is the function (the algorithms live in flash/, no subpackage shadows it)."""
     assert (type(attention) is types.FunctionType
-            and attention.__module__ == "osm_cli.attention.forward")
+            and attention.__module__ == "osm_cli.flash.forward")
     assert type(sweep) is types.FunctionType and sweep.__module__ == "osm_cli.studies.sweep"
     assert check is sys.modules["osm_cli.precision.check"].check
     assert online_softmax is sys.modules["osm_cli.core.fold"].online_softmax

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from osm_cli.attention.forward import Attention, attention
-from osm_cli.attention.masks import make_band
-from osm_cli.attention.reference import errors, reference
 from osm_cli.core.record import Step
 from osm_cli.errors import InputError, OsmError, ShapeError
+from osm_cli.flash.forward import Attention, attention
+from osm_cli.flash.masks import make_band
+from osm_cli.flash.reference import errors, reference
 from osm_cli.present.json import attention_summary as summary
 from osm_cli.present.json import dumps
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli.attention.forward import attention
 from osm_cli.cli import PLOT_LIMIT, app
+from osm_cli.flash.forward import attention
 from osm_cli.present.csv import tiles_csv
 from osm_cli.present.plot import INSTALL
 from osm_cli.studies.tilemap import head_probabilities, skip_map

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osm_cli import attention
-from osm_cli.attention.backward import attention_backward
-from osm_cli.attention.reference import reference, reference_backward
 from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.errors import InputError, ShapeError
+from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.reference import reference, reference_backward
 from osm_cli.precision.backward import fa2_backward_blocks, flash_backward, plain_backward
 from osm_cli.precision.dtypes import DTYPES, round_inputs, round_to
 from osm_cli.precision.model import model

@@ -12,9 +12,9 @@ import warnings
 import numpy as np
 import pytest
 
-from osm_cli.attention.forward import attention
-from osm_cli.attention.reference import errors, reference
 from osm_cli.cli import app
+from osm_cli.flash.forward import attention
+from osm_cli.flash.reference import errors, reference
 
 SAMPLE_FILES = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
 

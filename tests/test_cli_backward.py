@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osm_cli.attention.backward import attention_backward
-from osm_cli.attention.options import ScoreOptions, Tiling
 from osm_cli.cli import app
+from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.options import ScoreOptions, Tiling
 from osm_cli.present import backward as render
 from osm_cli.reports.backward import backward_report
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from osm_cli.attention.options import ScoreOptions, Tiling
+from osm_cli.flash.options import ScoreOptions, Tiling
 from osm_cli.precision.model import prepare
 from osm_cli.present.json import attention_doc, dumps, merge_doc, trace_doc
 from osm_cli.reports.attention import attention_report

@@ -15,8 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from osm_cli.attention.reference import reference
 from osm_cli.errors import OsmError
+from osm_cli.flash.reference import reference
 from osm_cli.precision.emulate import Descale
 from osm_cli.precision.gpu_ops import EXP2_EMU, exp2_emulated, fma, lane_sums, matmul, quad_sum
 from osm_cli.precision.kernels import run_flash
@@ -275,7 +275,7 @@ def test_fa4_backward_sums_a_groups_dk_dv_in_float32():
     """FA4's GQA capture (4 query heads on 1 kv head): with --kernel fa4 the backward model sums
     the group's dK, dV in float32 (FA3/FA4's accumulator) and is the kernel bit for bit on
     ≥ 99.5 % of dK and dV; FA2's per-head rounding before the sum matches only about 60 %."""
-    from osm_cli.attention.options import split_options
+    from osm_cli.flash.options import split_options
     from osm_cli.precision.backward import flash_backward
 
     case = next(c for c in CASES if c.kernel == "fa4" and c.name == "gqa")

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from osm_cli import attention
-from osm_cli.attention.backward import attention_backward
-from osm_cli.attention.options import alibi_auto
-from osm_cli.attention.reference import reference, reference_backward
 from osm_cli.errors import InputError, ShapeError
+from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.options import alibi_auto
+from osm_cli.flash.reference import reference, reference_backward
 from osm_cli.precision.check import check
 
 SAMPLES = "samples/kernels"

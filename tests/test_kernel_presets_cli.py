@@ -317,7 +317,7 @@ def test_api_kernel():
 def test_default_kernel_takes_the_runs_options():
     """A defaulted kernel never refuses the run's own options: 16-bit with sinks is FA4's (FA2
     has none), a float mask or ALiBi with sinks osm's own loop."""
-    from osm_cli.attention.options import ScoreOptions
+    from osm_cli.flash.options import ScoreOptions
     from osm_cli.precision.presets import default_kernel
 
     sinks = np.zeros(2, np.float32)

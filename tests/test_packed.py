@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from osm_cli.attention.packed import (
+from osm_cli.errors import InputError, ShapeError
+from osm_cli.flash.packed import (
     Packing,
     gather,
     lse_parts,
@@ -17,7 +18,6 @@ from osm_cli.attention.packed import (
     scatter_lse,
     scatter_rows,
 )
-from osm_cli.errors import InputError, ShapeError
 
 
 def rand(*shape, seed=0):

@@ -26,7 +26,7 @@ from osm_cli.precision.model import model, plain, run_naive
 from osm_cli.precision.rule import fa_rule, lse_errors, lse_rule
 from osm_cli.studies.overflow import overflow_demo
 
-att = importlib.import_module("osm_cli.attention.reference")
+att = importlib.import_module("osm_cli.flash.reference")
 F16, BF16 = DTYPES["float16"], DTYPES["bfloat16"]
 E4M3, E5M2 = DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]
 

@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
-from osm_cli.attention.forward import attention
-from osm_cli.attention.options import ScoreOptions, Tiling
-from osm_cli.attention.reference import errors, reference
 from osm_cli.errors import OsmError
+from osm_cli.flash.forward import attention
+from osm_cli.flash.options import ScoreOptions, Tiling
+from osm_cli.flash.reference import errors, reference
 from osm_cli.precision.model import model, prepare
 from osm_cli.reports.attention import attention_report
 from osm_cli.reports.trace import trace_report

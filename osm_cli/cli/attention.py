@@ -151,7 +151,7 @@ def attention(
       osm attention q.npy k.npy v.npy --dtype bf16 --kernel fa4
     """
     from osm_cli import io
-    from osm_cli.attention.options import Tiling
+    from osm_cli.flash.options import Tiling
     from osm_cli.precision.dtypes import shared_narrow
     from osm_cli.precision.model import prepare
     from osm_cli.present import attention as render

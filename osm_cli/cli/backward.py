@@ -109,7 +109,7 @@ def backward(
       osm backward q.npy k.npy v.npy do.npy --dtype bf16 --kernel fa4
     """
     from osm_cli import io
-    from osm_cli.attention.options import Tiling
+    from osm_cli.flash.options import Tiling
     from osm_cli.precision.dtypes import round_inputs, shared_narrow
     from osm_cli.precision.model import prepare, storable
     from osm_cli.present import backward as render

@@ -60,7 +60,7 @@ def score_options(causal: bool, causal_align, window: str | None, mask: str | No
     kernels' softcap, ALiBi, sinks, varlen and paged KV, their files read here; q (Q as
     loaded) tells --alibi auto how many heads there are."""
     from osm_cli import io
-    from osm_cli.attention.options import ScoreOptions
+    from osm_cli.flash.options import ScoreOptions
 
     if scale is not None and scale <= 0:
         what = ("makes every score 0: each row averages V over the keys it sees" if scale == 0
@@ -101,7 +101,7 @@ class KernelInputs:
         import numpy as np
 
         from osm_cli import io
-        from osm_cli.attention.options import alibi_auto
+        from osm_cli.flash.options import alibi_auto
 
         def load(path, name, ints=False):
             arr = io.load_array(Path(path), mmap=False)

@@ -16,9 +16,9 @@ from typing import Annotated
 
 import typer
 
-from osm_cli.attention.names import ALIGNS, KV_LAYOUTS, LAYOUTS, MASKED_LSE
 from osm_cli.core.names import FORMS, LSE_BASES
 from osm_cli.errors import OsmError
+from osm_cli.flash.names import ALIGNS, KV_LAYOUTS, LAYOUTS, MASKED_LSE
 from osm_cli.precision.names import (
     ACCUMS,
     ALIASES,

@@ -13,8 +13,8 @@ tile (docs/numerics.md#backward):
 `backward_step` is that update for a batch of tiles at once, as state.rescale_step is for the
 forward: arrays in, the tile's contributions out. A fully masked row has LSE −inf in osm (and
 +inf in FA2, which is why FA2 stores it): both give P = 0 for the whole row, with no NaN.
-Leaves out: the loop over tiles and the masks (attention/backward.py), rounding models
-(precision/), the closed-form reference (attention/reference.py).
+Leaves out: the loop over tiles and the masks (flash/backward.py), rounding models
+(precision/), the closed-form reference (flash/reference.py).
 
 Example: backward_step(s, lse, delta, q, k, v, do).dv is Pᵀ·dO for the tile.
 """

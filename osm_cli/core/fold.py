@@ -6,7 +6,7 @@ threshold, and records the traced row's steps. This is what `osm trace` shows. `
 loop itself, a step at a time; its `columns()` gives the steps a chunk at a time as columns,
 through fastfold.py's vectorized loop where that computes the same fold (the eager rescale form
 in forward order), else through this one.
-Leaves out: the update itself (state.py), tiles of attention (attention/), printing.
+Leaves out: the update itself (state.py), tiles of attention (flash/), printing.
 
 Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 - 5)
 """

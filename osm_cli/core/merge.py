@@ -10,7 +10,7 @@ Two views of one fact: partial softmax results over disjoint sets of keys merge 
 - `tree_merge` / `fold_merge` merge *unnormalised* online states (m, l, O) with state.combine,
   pairwise or left to right (docs/numerics.md#order).
 
-Leaves out: files (io/), printing (present/), attention's split-KV run (attention/split.py),
+Leaves out: files (io/), printing (present/), attention's split-KV run (flash/split.py),
 what `osm merge` reports (reports/merge.py), the order check (studies/order.py).
 
 Example: merge_partials([[1.], [3.]], [0., 0.]) -> (array([2.]), array(0.6931...)) (= ln 2)

@@ -3,7 +3,7 @@
 Everything osm computes blockwise is checked against these. The stabilized forms subtract the
 row max once (docs/numerics.md#neg-inf-guard); the naive form is the formula as written,
 exp(s) / Σ exp(s), and overflows where it does in real life (docs/numerics.md#dtype-limits).
-Leaves out: any blocking or tiling, and attention's one-shot reference (attention/reference.py).
+Leaves out: any blocking or tiling, and attention's one-shot reference (flash/reference.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ attention's gradients, FlashAttention's test `pt` (docs/numerics.md#backward-pre
   tiles for the head dim (`fa2_backward_blocks`, `fa4_backward_blocks`).
 - plain: autograd through plain attention in the dtype (model.plain), each op rounded.
 
-Leaves out: the tile loop (attention/backward.py), the verdict (rule.py), check (check.py).
+Leaves out: the tile loop (flash/backward.py), the verdict (rule.py), check (check.py).
 
 Example: flash_backward(model("bf16"), q, k, v, do, out, lse).dq
 """
@@ -21,9 +21,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from osm_cli.attention.backward import Backward, attention_backward
-from osm_cli.attention.options import Hooks, ScoreOptions, Tiling
-from osm_cli.attention.reference import reference_backward
+from osm_cli.flash.backward import Backward, attention_backward
+from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
+from osm_cli.flash.reference import reference_backward
 
 from .dtypes import bits, carrier, round_to
 from .model import Model

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from osm_cli.attention.forward import ScoreOptions
-from osm_cli.attention.options import split_options
-from osm_cli.attention.reference import reference
-from osm_cli.attention.shapes import as_bhnd
 from osm_cli.errors import OsmError
+from osm_cli.flash.forward import ScoreOptions
+from osm_cli.flash.options import split_options
+from osm_cli.flash.reference import reference
+from osm_cli.flash.shapes import as_bhnd
 
 from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
 from .kernels import run_flash

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from osm_cli.attention.shapes import check_finite
 from osm_cli.errors import OsmError
+from osm_cli.flash.shapes import check_finite
 
 from .names import canonical
 

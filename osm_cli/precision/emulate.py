@@ -1,14 +1,14 @@
 """A kernel preset's own tile loop: its schedule and its float32 arithmetic, step by step
 (docs/numerics.md#kernel-presets).
 
-Where osm's readable loop (attention/forward.py) scales Q and takes exp(S − m), FlashAttention's
+Where osm's readable loop (flash/forward.py) scales Q and takes exp(S − m), FlashAttention's
 kernels keep S = Q·Kᵀ unscaled and fold the scale into exp2: with c = scale·log2(e) in float32,
 P = exp2(fma(S, c, −m·c)), α = exp2((m_old − m)·c), l summed by each of the four threads of a
 quad over its own columns (8j + 2·lane + {0, 1}) and the four partial sums added at the end,
 O normalised by a reciprocal then a multiply, LSE in the kernel's own formula. P is rounded
 to the input dtype before P·V. This module runs that, for every preset of presets.py,
 vectorized over batch, heads and a Q tile's rows, with a trace of one row in natural-log units
-(m·scale), the same Step records as attention/.
+(m·scale), the same Step records as flash/.
 
 mma="tensor-core" also models the tensor cores' float32 accumulation, which BLAS does not do:
 products summed 16 at a time (the k of one MMA instruction), each term aligned to the largest
@@ -30,8 +30,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from osm_cli.attention.fast import STACK_ROWS
-from osm_cli.attention.forward import (
+from osm_cli.core.record import Step
+from osm_cli.errors import InputError, OsmError
+from osm_cli.flash.fast import STACK_ROWS
+from osm_cli.flash.forward import (
     Attention,
     Hooks,
     ScoreOptions,
@@ -40,11 +42,9 @@ from osm_cli.attention.forward import (
     packed_attention,
     run_q_tiles,
 )
-from osm_cli.attention.masks import tile_kind
-from osm_cli.attention.options import split_options
-from osm_cli.attention.plan import Counts, Plan, make_plan, row_step
-from osm_cli.core.record import Step
-from osm_cli.errors import InputError, OsmError
+from osm_cli.flash.masks import tile_kind
+from osm_cli.flash.options import split_options
+from osm_cli.flash.plan import Counts, Plan, make_plan, row_step
 
 from .dtypes import DTYPES, bits
 from .gpu_ops import (

@@ -5,7 +5,7 @@ Both rules of FlashAttention's own tests are here by name; osm applies "fa3" by 
   fa3: max|g − ref| ≤ 2·max|g_pt − ref| + 2·max|(ref + 0.3 − 0.3) − ref|  (FA3's and FA4's tests)
   fa2: max|g − ref| ≤ 3·max|g_pt − ref|                                   (FA2's tests)
 ref is the float64 gradient cast to the dtype and g_pt plain same-dtype attention's gradient.
-Leaves out: the output's verdict (check.py), the gradients themselves (attention/, backward.py).
+Leaves out: the output's verdict (check.py), the gradients themselves (flash/, backward.py).
 
 Example: check_grads(q, k, v, do, DTYPES["bfloat16"], {"dq": dq}, ScoreOptions())[0].rule.passed
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from osm_cli.attention.options import ScoreOptions
-from osm_cli.attention.reference import reference_backward
 from osm_cli.errors import OsmError
+from osm_cli.flash.options import ScoreOptions
+from osm_cli.flash.reference import reference_backward
 
 from .backward import flash_backward, plain_backward
 from .dtypes import dtype_name, round_to

@@ -2,7 +2,7 @@
 
 `run_flash(m, q, k, v, kernel=...)` is the flash model of dtype-valued inputs under a kernel's
 schedule and arithmetic: "fa2", "fa4" and "fa4-sm100" run the preset's loop (presets.py,
-emulate.py); "tiles" runs attention/'s own loop (block_q, block_k and the tile order as given,
+emulate.py); "tiles" runs flash/'s own loop (block_q, block_k and the tile order as given,
 exp(S − m), O / l) with P rounded and O / l rounded (model.py). `schedule=` is the older name of
 `kernel=` (docs/numerics.md#kernel-presets).
 Leaves out: where values are rounded (model.py), the verdict (rule.py).
@@ -12,8 +12,8 @@ Example: run_flash(model("bf16"), q, k, v, kernel="fa4", causal=True).out
 
 from __future__ import annotations
 
-from osm_cli.attention.forward import Attention, Hooks, attention
 from osm_cli.errors import OsmError
+from osm_cli.flash.forward import Attention, Hooks, attention
 
 from .emulate import run_kernel
 from .model import Model, finish

@@ -3,7 +3,7 @@
 
 - "flash": Q, K, V rounded to the dtype; S, m, l, α and O in float32 (or float64 accumulation);
   P = exp(S − m) in float32, l summed from it unrounded, P rounded to the dtype before P·V; the
-  final O / l rounded to the dtype; LSE kept in float32. It runs attention/'s own tiled forward
+  final O / l rounded to the dtype; LSE kept in float32. It runs flash/'s own tiled forward
   with the Hooks of the model.
 - "naive": plain attention in the dtype, each op's result rounded to it as PyTorch does for
   16-bit tensors (float32 inside the matmul and the softmax): Q·scale, S, softmax(S), P·V.
@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from osm_cli.attention.forward import Attention, Hooks, ScoreOptions, attention, masked_as
-from osm_cli.attention.masks import mask_about
-from osm_cli.attention.options import split_options
-from osm_cli.attention.reference import reference
-from osm_cli.attention.shapes import as_bhnd, check_traced, row_of
 from osm_cli.errors import OsmError
+from osm_cli.flash.forward import Attention, Hooks, ScoreOptions, attention, masked_as
+from osm_cli.flash.masks import mask_about
+from osm_cli.flash.options import split_options
+from osm_cli.flash.reference import reference
+from osm_cli.flash.shapes import as_bhnd, check_traced, row_of
 
 from .dtypes import Rounding, bits, carrier, resolve_dtype, round_inputs, round_to
 from .names import ACCUMS, PRECISIONS

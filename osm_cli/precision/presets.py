@@ -6,7 +6,7 @@ K/V tiles, its split-KV heuristic) and its arithmetic: how exp is computed (FA2/
 S·scale·log2e − m·scale·log2e, the subtraction folded into one fused multiply-add), how O is
 normalised (a reciprocal then a multiply), where P is rounded, the LSE of a fully masked row,
 the lazy-rescale threshold and the FP8 offset. emulate.py runs any preset; "tiles" is osm's own
-readable loop (attention/), for fp32 and fp64 teaching runs.
+readable loop (flash/), for fp32 and fp64 teaching runs.
 
 Leaves out: running (emulate.py), the dtypes (dtypes.py), the verdict (rule.py).
 
@@ -202,9 +202,9 @@ def preset(name: str) -> Preset:
 
     Example: preset("fa4").block_k(128) -> 128
     """
-    if name not in PRESETS:  # "tiles" runs attention/ itself (model.run)
+    if name not in PRESETS:  # "tiles" runs flash/ itself (model.run)
         raise OsmError(f"unknown kernel {name!r}; the presets are {', '.join(KERNELS)}")
-    return PRESETS[name]  # "tiles" is no preset: attention/'s own loop
+    return PRESETS[name]  # "tiles" is no preset: flash/'s own loop
 
 
 def default_kernel(dtype: str | None, opts=None) -> str:

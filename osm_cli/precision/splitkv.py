@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from osm_cli.attention.forward import Attention, ScoreOptions, masked_as
-from osm_cli.attention.shapes import as_bhnd
+from osm_cli.flash.forward import Attention, ScoreOptions, masked_as
+from osm_cli.flash.shapes import as_bhnd
 
 from .gpu_ops import F32, fma
 from .presets import SMS, fa2_plan

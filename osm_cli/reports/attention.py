@@ -2,7 +2,7 @@
 model of --dtype) in a tile order, a split-KV run, the float64 one-shot reference and its
 errors, and the FlashAttention test rule's verdict on a model's run.
 
-Leaves out: the algorithms themselves (attention/, precision/), files (io/), tables and JSON
+Leaves out: the algorithms themselves (flash/, precision/), files (io/), tables and JSON
 (present/).
 
 Example: attention_report(q, k, v, ScoreOptions(causal=True), Tiling()).errors["max_abs_err"]
@@ -14,14 +14,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from osm_cli.attention.forward import Attention, ScoreOptions, Tiling
-from osm_cli.attention.options import default_blocks
-from osm_cli.attention.packed import plan_packing, traced_row
-from osm_cli.attention.reference import errors, reference
-from osm_cli.attention.shapes import as_bhnd, row_of
-from osm_cli.attention.split import SplitRun, split_kv
 from osm_cli.core.reference import max_abs_diff
 from osm_cli.errors import OsmError
+from osm_cli.flash.forward import Attention, ScoreOptions, Tiling
+from osm_cli.flash.options import default_blocks
+from osm_cli.flash.packed import plan_packing, traced_row
+from osm_cli.flash.reference import errors, reference
+from osm_cli.flash.shapes import as_bhnd, row_of
+from osm_cli.flash.split import SplitRun, split_kv
 from osm_cli.precision.check import descaled_inputs
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gpu_ops import LOG2E

@@ -2,7 +2,7 @@
 under --dtype), its gradients against the float64 closed-form reference, and under --dtype the
 backward test rule's verdict on each gradient.
 
-Leaves out: the algorithms (attention/backward.py, precision/backward.py), files (io/), tables
+Leaves out: the algorithms (flash/backward.py, precision/backward.py), files (io/), tables
 and JSON (present/).
 
 Example: backward_report(q, k, v, do, ScoreOptions(causal=True), Tiling()).errors["dq"]
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from osm_cli.attention.backward import Backward, attention_backward
-from osm_cli.attention.options import ScoreOptions, Tiling
-from osm_cli.attention.packed import Packed, plan_packing, traced_row
-from osm_cli.attention.reference import reference_backward
-from osm_cli.attention.shapes import as_bhnd
+from osm_cli.flash.backward import Backward, attention_backward
+from osm_cli.flash.options import ScoreOptions, Tiling
+from osm_cli.flash.packed import Packed, plan_packing, traced_row
+from osm_cli.flash.reference import reference_backward
+from osm_cli.flash.shapes import as_bhnd
 from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gradcheck import GRADS, GradCheck, check_grads

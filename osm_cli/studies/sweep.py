@@ -1,7 +1,7 @@
 """What the block size buys: one run per block size, beside the FA1 cost model (costmodel.py).
 
 `sweep(blocks, run, ...)` takes any `run(block) -> Measure`: `score_runner(scores)` runs online
-softmax over a score matrix; `attention_runner(q, k, v)` runs attention/'s tiled forward with
+softmax over a score matrix; `attention_runner(q, k, v)` runs flash/'s tiled forward with
 block_k = the block size; `sweep_scores` and `sweep_attention` pair each with its sizes. Per
 block size it reports the measured error and rescale count next to the modelled per-tile working
 set and HBM traffic of tiled vs standard attention (and, when a mask skips tiles, FA1's
@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from osm_cli.attention.forward import Hooks, ScoreOptions, Tiling, attention
-from osm_cli.attention.options import split_options
-from osm_cli.attention.reference import errors, reference
-from osm_cli.attention.shapes import as_bhnd
 from osm_cli.core.fold import block_bounds, online_softmax
 from osm_cli.core.reference import logsumexp, stable_softmax
 from osm_cli.errors import InputError
+from osm_cli.flash.forward import Hooks, ScoreOptions, Tiling, attention
+from osm_cli.flash.options import split_options
+from osm_cli.flash.reference import errors, reference
+from osm_cli.flash.shapes import as_bhnd
 
 from .costmodel import fa1_blocks, hbm_bytes_flash, hbm_bytes_standard, tile_bytes
 

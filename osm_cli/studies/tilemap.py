@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from osm_cli.attention.forward import ScoreOptions
-from osm_cli.attention.masks import make_band, scale_q, score_tile, tile_kind
-from osm_cli.attention.options import split_options
-from osm_cli.attention.shapes import as_bhnd, broadcast_mask, check_inputs, kv_head
 from osm_cli.core.reference import stable_softmax
 from osm_cli.errors import InputError
+from osm_cli.flash.forward import ScoreOptions
+from osm_cli.flash.masks import make_band, scale_q, score_tile, tile_kind
+from osm_cli.flash.options import split_options
+from osm_cli.flash.shapes import as_bhnd, broadcast_mask, check_inputs, kv_head
 
 
 def skip_map(q, k, *, block_q: int, block_k: int, opts: ScoreOptions | None = None,
