@@ -102,6 +102,35 @@ def test_shorter_than_one_block_and_one_score():
     assert_same_fold(np.array([[-np.inf, -np.inf], [0.0, -0.0]]), 4, row=1)
 
 
+def test_the_block_max_of_minus_and_plus_zero_is_plus_zero():
+    """The flake of issue 20: scores [−1]·15 + [−0.0, 0.0] + [−1]·3 in blocks of 5. numpy's max
+    returns whichever zero its loop meets first (the textbook fold said −0.0, the eager one 0.0
+    on some runs). osm decides +0.0, as IEEE 754-2019's maximum (−0 < +0), in state.block_max,
+    which every fold calls: the textbook and eager folds, the merge form, the fused attention
+    step. Every order of the two zeros, both float dtypes, short and long blocks."""
+    from osm_cli.flash.fast import _Tile
+    from osm_cli.core.state import block_max, initial_state, merge_step, rescale_step
+
+    s = np.array([-1.0] * 15 + [-0.0, 0.0] + [-1.0] * 3)
+    assert_same_fold(s, 5)
+    last = online_softmax(s, 5).steps[-1]
+    assert (last.block_max, last.m) == (0.0, 0.0)
+    assert not np.signbit(last.block_max) and not np.signbit(last.m)
+    for dtype in (np.float64, np.float32):
+        for zeros in ([-0.0, 0.0], [0.0, -0.0], [-0.0, -0.0], [-0.0] * 9 + [0.0] + [-0.0] * 7):
+            row = np.array([[-np.inf, *zeros]], dtype=dtype)
+            assert not np.signbit(block_max(row)).any()
+            start = initial_state(1, dtype=dtype)
+            for step in (rescale_step, merge_step):
+                up = step(start, row)
+                assert not np.signbit(up.block_max).any() and not np.signbit(up.state.m).any()
+            tile = _Tile((1, 1), 1, np.dtype(dtype))
+            tile.step(slice(None), row[None].copy(), np.ones((1, row.shape[1], 1), dtype),
+                      0.0, None)
+            assert not np.signbit(tile.block_max).any() and not np.signbit(tile.m_new).any()
+            assert_same_fold(np.tile(row, (2, 3)), row.shape[1])
+
+
 def test_long_vector_over_several_chunks():
     """A vector of 10⁶ scores in blocks of 2 (the JSON benchmark's block) and of 128, over the
     default chunk of 2^20 scores and past it."""

@@ -5,9 +5,9 @@ It computes what `Folding` computes with state.rescale_step, bit for bit: every 
 every step, the final state and the rescale count (tests/test_fastfold.py compares them with
 exact equality). Only the loop differs; the update a reader learns from stays rescale_step.
 
-- Block maxima by one reshape (rows, c, block) and a max over its last axis, m by
-  np.maximum.accumulate along the blocks: max is exact, and accumulate calls
-  maximum(m_prev, block max) in the step's order.
+- Block maxima by one reshape (rows, c, block) and a max over its last axis, a zero max made
+  +0.0 as state.block_max does; m by np.maximum.accumulate along the blocks: max is exact, and
+  accumulate calls maximum(m_prev, block max) in the step's order.
 - α = exp(m_prev − ref) and p = exp(s − ref) elementwise, ref = m with −inf replaced by 0, as
   rescale_step computes them; each block's Σp is p.sum(-1) over the same contiguous axis of
   `block` values (numpy reduces each block alike in a (rows, block) and a (rows, c, block)
@@ -70,6 +70,8 @@ class EagerFold:
         mm = np.empty((rows, c + 1), dtype=self.s2.dtype)
         mm[:, 0] = st.m
         mm[:, 1:] = _reduce(np.maximum, s3)
+        top = mm[:, 1:]
+        np.add(top, np.zeros((), top.dtype), out=top)  # state.block_max's +0.0 for a zero max
         block_max = mm[:, 1:]  # accumulate below makes a new array: this one stays as it is
         mm = np.maximum.accumulate(mm, axis=1)
         m_prev, m = mm[:, :-1], mm[:, 1:]

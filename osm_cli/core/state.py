@@ -83,6 +83,24 @@ def kept(block_max, m_prev, m):
     return np.isfinite(m_prev) & (block_max > m_prev) & (m == m_prev)
 
 
+def block_max(s: np.ndarray, out: np.ndarray | None = None, *,
+              nan_free: bool = False) -> np.ndarray:
+    """The largest score of each row of a block (its last axis), +0.0 where that is a zero of
+    either sign: the block max of [−0.0, 0.0] is +0.0, as IEEE 754-2019's maximum orders
+    −0 < +0 (docs/numerics.md#state). numpy's max returns whichever zero it meets first, and
+    which one that is depends on how its SIMD loop splits the row, so two folds of the same
+    scores could report −0.0 and 0.0; every fold takes its block max here. Adding +0.0 turns
+    −0.0 into +0.0 and leaves every other value (±inf, NaN included) as it is. nan_free: the
+    scores hold no NaN, so np.fmax, quicker, gives the same maximum. out: written in place.
+
+    Example: block_max(np.array([[-0.0, 0.0, -1.0]])) -> [0.] (not [-0.])
+    """
+    op = np.fmax if nan_free else np.maximum
+    m = op.reduce(s, axis=-1, out=out)
+    zero = np.zeros((), dtype=s.dtype)
+    return np.add(m, zero, out=m) if isinstance(m, np.ndarray) and m.ndim else m + zero
+
+
 def _pv(p: np.ndarray, v: np.ndarray, p_round: Callable | None) -> np.ndarray:
     # A real kernel rounds P to the input dtype before the P·V matmul
     # (docs/numerics.md#precision-model).
@@ -105,12 +123,12 @@ def rescale_step(
     With threshold τ > 0 (FA4's lazy rescale, natural-log units) m only moves when the block max
     exceeds it by more than τ; exp(s - m) then stays below e^τ and the final O / l is unchanged.
     """
-    block_max = s.max(axis=-1)
+    top = block_max(s)
     if threshold > 0:
-        moves = block_max > state.m + threshold
-        m_new = np.where(moves, np.maximum(state.m, block_max), state.m)
+        moves = top > state.m + threshold
+        m_new = np.where(moves, np.maximum(state.m, top), state.m)
     else:
-        m_new = np.maximum(state.m, block_max)
+        m_new = np.maximum(state.m, top)
     ref = _ref(m_new)
     with np.errstate(over="ignore"):  # s - m below -max rounds to -inf, whose exp is rightly 0
         alpha = np.exp(state.m - ref)
@@ -120,14 +138,14 @@ def rescale_step(
     o = None
     if v is not None:
         o = state.o * alpha[..., None] + _pv(p, v, p_round)
-    return Update(State(m_new, l, o), block_max, alpha)
+    return Update(State(m_new, l, o), top, alpha)
 
 
 def block_state(
     s: np.ndarray, v: np.ndarray | None = None, *, p_round: Callable | None = None
 ) -> State:
     """A block's own statistics: m^(k) = max(s), l^(k) = Σ exp(s - m^(k)), O^(k) likewise with v."""
-    m = s.max(axis=-1)
+    m = block_max(s)
     with np.errstate(over="ignore"):
         p = np.exp(s - _ref(m)[..., None])
     o = None if v is None else _pv(p, v, p_round)

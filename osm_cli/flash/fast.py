@@ -5,8 +5,8 @@ core/state.py writes the update as the papers do, a new array for every quantity
 the form to read. This is the form to run: each quantity of one Q tile (m, l, O, α, the block
 max, P, P·V) has one buffer that every K/V tile writes over (`out=` everywhere, S included,
 through score_tile's out), and m_new is copied back into m for the next tile. Two
-changes are exact by construction: the block max is an fmax reduction (the same maximum, as
-S holds no NaN, and quicker), and the −inf guard is applied to a copy of m_new in place.
+changes are exact by construction: the block max is an fmax reduction (state.block_max's
+nan_free: the same maximum, as S holds no NaN, and quicker), and the −inf guard is applied to a copy of m_new in place.
 tests/test_fast.py runs both loops and asks for identical bits, traces and counters.
 Consecutive Q tiles are stacked and run as one loop, up to 2048 rows a step (q_groups).
 Leaves out: the merge form and float masks that widen S (forward.py runs those through
@@ -23,6 +23,7 @@ import numpy as np
 
 from osm_cli.core.record import Step
 from osm_cli.core.state import State, finalize, moved
+from osm_cli.core.state import block_max as max_of
 
 from .plan import Counts, Plan, q_rows, row_step, sink_step, tiles
 
@@ -54,7 +55,7 @@ class _Tile:
         writes named."""
         m, m_new, ref, alpha = self.m[c], self.m_new[c], self.ref[c], self.alpha[c]
         block_max, l, o, pv = self.block_max[c], self.l[c], self.o[c], self.pv[c]
-        np.fmax.reduce(s, axis=-1, out=block_max)
+        max_of(s, out=block_max, nan_free=True)
         if threshold > 0:
             np.add(m, threshold, out=m_new)
             moves = block_max > m_new

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from osm_cli.core.record import Step
+from osm_cli.core.state import block_max as max_of
 from osm_cli.errors import InputError, OsmError
 from osm_cli.flash.fast import STACK_ROWS
 from osm_cli.flash.forward import (
@@ -308,7 +309,7 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
             s = np.where(np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1)), s, F32(-np.inf))
         if um is not None:
             s = np.where(um, s, F32(-np.inf))
-        block_max = np.fmax.reduce(s, axis=-1)  # S holds no NaN: the max, quicker
+        block_max = max_of(s, nan_free=True)  # S holds no NaN: the max, quicker
         m_new = np.maximum(m, block_max)
         safe = np.where(np.isneginf(m_new), F32(0), m_new)
         with np.errstate(invalid="ignore", over="ignore"):
