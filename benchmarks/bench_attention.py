@@ -48,10 +48,10 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from osm_cli.flash.fast import fused_q_tiles, q_groups
+from osm_cli.flash.fast import fused_q_tiles
 from osm_cli.flash.forward import attention
 from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
-from osm_cli.flash.plan import make_plan
+from osm_cli.flash.plan import make_plan, q_groups
 from osm_cli.flash.reference import reference
 
 GIB = 1 << 30

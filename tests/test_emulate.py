@@ -295,10 +295,10 @@ def test_fa4_backward_sums_a_groups_dk_dv_in_float32():
 @pytest.mark.parametrize("kernel, causal, window", [("fa2", True, None), ("fa4", False, None),
                                                     ("fa4-sm100", True, (40, 8))])
 def test_stacked_q_tiles_change_nothing_a_user_sees(monkeypatch, kernel, causal, window):
-    """Q tiles stacked into one step (emulate._stacks) against one tile at a time, tensor-core
-    mode: the same bits, the same traced steps (tiles the kernel skips for the traced row's own
-    Q tile still show as skipped) and the same counters."""
-    import osm_cli.precision.emulate as em
+    """Q tiles stacked into one step (plan.q_groups, ragged) against one tile at a time,
+    tensor-core mode: the same bits, the same traced steps (tiles the kernel skips for the
+    traced row's own Q tile still show as skipped) and the same counters."""
+    import osm_cli.flash.plan as plan_module
 
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(F32)
@@ -306,7 +306,7 @@ def test_stacked_q_tiles_change_nothing_a_user_sees(monkeypatch, kernel, causal,
     kw = dict(kernel=kernel, mma="tensor-core", causal=causal, window=window,
               trace_at=(0, 1, 150), sms=1)
     stacked = run_flash(model("bf16"), q, k, v, **kw)
-    monkeypatch.setattr(em, "STACK_ROWS", 0)
+    monkeypatch.setattr(plan_module, "STACK_ROWS", 0)
     single = run_flash(model("bf16"), q, k, v, **kw)
     assert np.array_equal(stacked.out, single.out) and np.array_equal(stacked.lse, single.lse)
     assert [repr(s) for s in stacked.trace] == [repr(s) for s in single.trace]

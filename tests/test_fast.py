@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from osm_cli.core.state import State, rescale_step
 from osm_cli.flash import reference as reference_module
-from osm_cli.flash.fast import _Tile, q_groups
+from osm_cli.flash.fast import _Tile
 from osm_cli.flash.forward import Attention, attention
 from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
-from osm_cli.flash.plan import make_plan
+from osm_cli.flash.plan import make_plan, q_groups
 from osm_cli.flash.reference import reference
 from osm_cli.precision.model import hooks_for, model, run
 

@@ -108,8 +108,8 @@ def test_the_block_max_of_minus_and_plus_zero_is_plus_zero():
     on some runs). osm decides +0.0, as IEEE 754-2019's maximum (−0 < +0), in state.block_max,
     which every fold calls: the textbook and eager folds, the merge form, the fused attention
     step. Every order of the two zeros, both float dtypes, short and long blocks."""
-    from osm_cli.flash.fast import _Tile
     from osm_cli.core.state import block_max, initial_state, merge_step, rescale_step
+    from osm_cli.flash.fast import _Tile
 
     s = np.array([-1.0] * 15 + [-0.0, 0.0] + [-1.0] * 3)
     assert_same_fold(s, 5)

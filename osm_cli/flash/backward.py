@@ -33,7 +33,7 @@ from osm_cli.core.record import GradStep
 from osm_cli.errors import InputError
 
 from .forward import attention
-from .masks import mask_about, scale_q, score_tile, tile_kind
+from .masks import mask_about, scale_q, score_tile
 from .options import Hooks, ScoreOptions, Tiling, split_options
 from .packed import (
     about,
@@ -44,7 +44,7 @@ from .packed import (
     scatter_lse,
     scatter_rows,
 )
-from .plan import Plan, _norm, make_plan
+from .plan import Plan, _norm, make_plan, walk
 from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht
 
 
@@ -165,25 +165,9 @@ class _Grads:
     dq: np.ndarray  # (G, g, t, d)
     dk: np.ndarray  # (G, g, s, d)
     dv: np.ndarray  # (G, g, s, dv)
-    kinds: dict
+    tiles: list  # plan.walk over every Q tile: each K/V tile's kind for each of them
     key_trace: list
     query_trace: list
-
-
-def _kinds(plan: Plan) -> dict:
-    """'skip', 'full' or 'partial' for every (Q tile, K/V tile), over all batches and heads (the
-    forward's decision: a tile is skipped only where the mask hides it for every head)."""
-    b, hk, g = plan.groups
-    kinds = {}
-    for i0 in range(0, plan.t, plan.bq):
-        i1 = min(plan.t, i0 + plan.bq)
-        for j0 in plan.starts:
-            j1 = min(plan.k1, j0 + plan.bk)
-            um = None
-            if plan.user_mask is not None:
-                um = plan.user_mask[..., i0:i1, j0:j1]
-            kinds[i0, j0] = tile_kind(plan.band, um, i0, i1, j0, j1)
-    return kinds
 
 
 def _loop(plan: Plan, saved: Saved, hooks: Hooks, key: int, progress) -> _Grads:
@@ -193,7 +177,7 @@ def _loop(plan: Plan, saved: Saved, hooks: Hooks, key: int, progress) -> _Grads:
     G, t, d, dv, s = b * hk, plan.t, plan.q5.shape[-1], plan.v3.shape[-1], plan.k3.shape[1]
     acc = plan.accum
     grads = _Grads(np.zeros((G, g, t, d), acc), np.zeros((G, g, s, d), acc),
-                   np.zeros((G, g, s, dv), acc), _kinds(plan), [], [])
+                   np.zeros((G, g, s, dv), acc), list(walk(plan, tuple(plan.q_starts))), [], [])
     workers = max(1, min(G, os.cpu_count() or 1))
     cuts = np.linspace(0, G, workers + 1).astype(int)
     total = len(plan.starts) * workers
@@ -219,36 +203,33 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
     b, hk, g = plan.groups
     acc = plan.accum
     tb, th, ti = plan.traced
-    at = plan.at_row[0] * hk + plan.at_row[1] - g0  # the traced kv group, within g0:g1
-    traced_here = 0 <= at < g1 - g0
-    um_all = None if plan.user_mask is None else plan.user_mask.reshape(b * hk, g, plan.t, -1)
+    at = plan.traced_group - g0  # the traced kv group, within g0:g1
+    traced_here = plan.traced_group >= 0 and 0 <= at < g1 - g0
     step_kw = {"heads": g, "p_round": hooks.p_round, "ds_round": hooks.ds_round}
-    for j0 in plan.starts:
-        j1 = min(plan.k1, j0 + plan.bk)
+    for tile in grads.tiles:
+        j0, j1 = tile.j0, tile.j1
         kj = plan.k3[g0:g1, j0:j1].astype(acc, copy=False)
         vj = plan.v3[g0:g1, j0:j1].astype(acc, copy=False)
         kT = kj.swapaxes(-1, -2)
         dk_j = grads.dk[g0:g1, :, j0:j1]
         dv_j = grads.dv[g0:g1, :, j0:j1]
         keyed = traced_here and j0 <= key < j1
-        for i0 in range(0, plan.t, plan.bq):
-            i1 = min(plan.t, i0 + plan.bq)
+        for i0, kind in zip(plan.q_starts, tile.kinds, strict=True):
+            i1 = plan.q_end(i0)
             n = i1 - i0
-            kind = grads.kinds[i0, j0]
+            here = traced_here and plan.locate(i0, i1) is not None  # the traced query row
             if kind == "skip":
                 if keyed:
                     grads.key_trace.append(GradStep(i0 // plan.bq, i0, i1, True, 0.0, 0.0,
                                                     *_dkv_norms(plan, dk_j, dv_j, at, key - j0)))
-                if traced_here and i0 <= ti < i1:
+                if here:
                     grads.query_trace.append(GradStep(
-                        (j0 - plan.k0) // plan.bk, j0, j1, True, 0.0, 0.0,
+                        *tile.bounds, True, 0.0, 0.0,
                         dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
                 continue
             rows = (g1 - g0, g * n)
-            vis = None
-            if kind == "partial":
-                vis = np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1))
-            um = None if um_all is None else um_all[g0:g1, :, i0:i1, j0:j1].reshape(*rows, -1)
+            vis = plan.visible(i0, i1, j0, j1) if kind == "partial" else None
+            um = plan.mask_tile(i0, i1, j0, j1, g0, g1)
             sc, dtanh = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um,
                                    softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1, g0, g1),
                                    dtanh=True)
@@ -264,10 +245,10 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                 grads.key_trace.append(GradStep(
                     i0 // plan.bq, i0, i1, False, float(up.p[at, :, c].max()),
                     float(up.ds[at, :, c].sum()), *_dkv_norms(plan, dk_j, dv_j, at, c)))
-            if traced_here and i0 <= ti < i1:
-                r = (th % g) * n + ti - i0
+            if here:
+                r = plan.locate(i0, i1)[1]
                 grads.query_trace.append(GradStep(
-                    (j0 - plan.k0) // plan.bk, j0, j1, False, float(up.p[at, r].max()),
+                    *tile.bounds, False, float(up.p[at, r].max()),
                     float(up.ds[at, r].sum()),
                     dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
         tick()
@@ -296,8 +277,8 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
     nq, nk, nv = np.ndim(q), np.ndim(k), np.ndim(v)
     lay = opts.layout
     d_out = from_bhnd(saved.d.reshape(b, hq, t)[..., None], nq, lay)[..., 0]
-    kinds = list(grads.kinds.values())
-    skipped = sum(kd == "skip" for kd in kinds)
+    kinds = [kd for tile in grads.tiles for kd in tile.kinds]
+    skipped = kinds.count("skip")
     th = plan.traced[1]
     dsink = None
     if plan.sinks is not None:  # dsink = −Σ_rows exp(sink − LSE)·D, LSE holding the sink

@@ -4,11 +4,13 @@ rescale_step, operation for operation in the same order and dtype, so the same b
 core/state.py writes the update as the papers do, a new array for every quantity, and that is
 the form to read. This is the form to run: each quantity of one Q tile (m, l, O, α, the block
 max, P, P·V) has one buffer that every K/V tile writes over (`out=` everywhere, S included,
-through score_tile's out), and m_new is copied back into m for the next tile. Two
-changes are exact by construction: the block max is an fmax reduction (state.block_max's
-nan_free: the same maximum, as S holds no NaN, and quicker), and the −inf guard is applied to a copy of m_new in place.
+through score_tile's out), and m_new is copied back into m for the next tile. Two changes are
+exact by construction: the block max is an fmax reduction (state.block_max's nan_free: the
+same maximum, as S holds no NaN, and quicker), and the −inf guard is applied to a copy of
+m_new in place.
 tests/test_fast.py runs both loops and asks for identical bits, traces and counters.
-Consecutive Q tiles are stacked and run as one loop, up to 2048 rows a step (q_groups).
+Consecutive Q tiles are stacked and run as one loop, up to 2048 rows a step (plan.q_groups),
+and the tiles, their kinds and the traced row come from plan.py's walk.
 Leaves out: the merge form and float masks that widen S (forward.py runs those through
 core.state as written), the schedule over Q tiles (forward.py).
 
@@ -26,8 +28,6 @@ from osm_cli.core.state import State, finalize, moved
 from osm_cli.core.state import block_max as max_of
 
 from .plan import Counts, Plan, q_rows, row_step, sink_step, tiles
-
-STACK_ROWS = 2048  # query rows a fused step aims for; S is then 1 MiB of float32 (in L2)
 
 
 class _Tile:
@@ -75,31 +75,13 @@ class _Tile:
         np.add(np.multiply(o, alpha[..., None], out=o), pv, out=o)
 
 
-def q_groups(plan: Plan) -> list[tuple[int, ...]]:
-    """The Q tiles (their first rows) in the groups fused_q_tiles runs as one loop.
-
-    Q tiles of the same length that follow each other are stacked up to STACK_ROWS rows a step
-    (for one head of 128-row tiles, 16 of them): numpy then pays its per-call cost once for all
-    of them, while each keeps its own matmuls and rows, so the numbers are those of one tile at
-    a time. Under a causal band or a window a K/V tile may be hidden from the first or last
-    tiles of a group; the step then runs on the others only (plan.tiles' seen). A user's mask
-    can hide it from any of them: one tile each.
-    """
-    b, hk, g = plan.groups
-    size = 1
-    if plan.user_mask is None and plan.slopes is None:  # ALiBi's bias depends on the rows
-        size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
-    whole = [i0 for i0 in plan.q_starts if i0 + plan.bq <= plan.t]
-    short = [(i0,) for i0 in plan.q_starts if i0 + plan.bq > plan.t]
-    return [tuple(whole[i:i + size]) for i in range(0, len(whole), size)] + short
-
-
 def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np.ndarray, *,
                   threshold: float = 0.0, p_round: Callable | None = None
                   ) -> tuple[list[Step], Counts]:
-    """forward._q_tile with the rescale form, fused, for the Q tiles of `group` (of one length,
-    from q_groups) stacked: their rows of out5 and lse5 written, the traced row's steps and the
-    counts returned (the same as _q_tile's for each tile, added up)."""
+    """forward._q_tile with the rescale form, fused, for the Q tiles of `group` (of one
+    length, from plan.q_groups) stacked: their rows of out5 and lse5 written, the traced row's
+    steps and the counts returned (the same as _q_tile's for each tile, added up). A K/V tile
+    hidden from the traced row's own Q tile shows as skipped in its trace."""
     b, hk, g = plan.groups
     rows = [q_rows(plan, i0) for i0 in group]
     qt = np.stack([r[0] for r in rows])  # (tiles, B·Hkv, g·n, d); K and V broadcast over tiles
@@ -138,4 +120,4 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
     return steps, counts
 
 
-__all__ = ["STACK_ROWS", "fused_q_tiles", "q_groups"]
+__all__ = ["fused_q_tiles"]

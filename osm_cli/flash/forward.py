@@ -38,7 +38,7 @@ from osm_cli.core.state import (
 )
 from osm_cli.errors import InputError
 
-from .fast import fused_q_tiles, q_groups
+from .fast import fused_q_tiles
 from .masks import mask_about
 from .options import (
     MASKED_LSE,
@@ -49,7 +49,7 @@ from .options import (
     split_options,
 )
 from .packed import about, each_sequence, plan_packing, scatter_lse, scatter_rows, tile_pages
-from .plan import Counts, Plan, make_plan, q_rows, row_step, sink_step, tiles
+from .plan import Counts, Plan, make_plan, q_groups, q_rows, row_step, sink_step, tiles
 from .shapes import from_bhnd
 
 

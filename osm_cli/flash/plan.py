@@ -1,16 +1,21 @@
-"""The plan of a tiled run and the tiles it visits: what every tile loop shares.
+"""The plan of a tiled run and the one walk over its tiles that every tile loop shares.
 
-`make_plan` checks Q, K, V and the options once and fixes the tiles; `q_rows` is one Q tile's
-rows scaled and stacked for matmul; `tiles` walks the K/V tiles for one Q tile, or a group of
-them stacked, in the order visited, each as masks.score_tile makes it (None where the mask
-hides the whole tile);
-`row_step` is the traced row's Step for one tile. The forward's two loops over K/V tiles
-(forward.py, the update step of core.state as written; fast.py, the same arithmetic fused in
-place) both run on these, and a backward pass can reuse them.
-Leaves out: the update itself (core/state.py, fast.py), the loop's schedule and the result
-(forward.py).
+`make_plan` checks Q, K, V and the options once and fixes the tiles. This module is the only
+place that decides how the tiles are walked: `q_groups` stacks consecutive Q tiles into one
+loop step; `walk` visits the K/V tiles in order for such a stack and says, for each, its
+bounds and its kind for every Q tile of the stack ('full', 'partial' or 'skip': the causal
+band, the window and the user's mask decide, masks.tile_kind); `Plan.visible` and
+`Plan.mask_tile` are the mask slices a partial tile applies; `Plan.locate` finds the traced
+row in a stack of rows. Every loop runs on these: osm's own forward (forward.py, the update
+step of core.state as written), the fused forward (fast.py), the kernel presets' emulations
+(precision/emulate.py) and the backward (backward.py); none decides a bound, a kind or a skip
+itself. `tiles` is the walk with osm's scores made (masks.score_tile); `q_rows` one Q tile's
+rows scaled and stacked for matmul; `row_step` the traced row's Step for one tile.
+Leaves out: the update itself (core/state.py, fast.py, textbook.py), the loop's schedule and
+the result (forward.py).
 
 Example: plan = make_plan(q, k, v, ScoreOptions(causal=True), Tiling(), Hooks(), (0, 0, 0))
+         [t.kinds for t in walk(plan, (0, 128))] -> [('full', 'full'), ('partial', 'full'), …]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .options import Hooks, ScoreOptions, Tiling
 from .shapes import bhnd_inputs, broadcast_mask, check_finite, check_traced, kv_head
 
 O_SHOWN = 3  # components of O a trace step keeps
+STACK_ROWS = 2048  # query rows a stacked step aims for; S is then 1 MiB of float32 (in L2)
 
 
 @dataclass
@@ -109,14 +115,52 @@ class Plan:
         """The first query row of each Q tile."""
         return range(0, self.t, self.bq)
 
+    def q_end(self, i0: int) -> int:
+        """The end of the Q tile that starts at row i0 (the last one may be short)."""
+        return min(self.t, i0 + self.bq)
+
+    def visible(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
+        """The band's keys seen by the rows i0:i1 of every query head of a kv group, stacked as
+        the tiles are: (g·(i1 − i0), j1 − j0), True = seen (a partial tile's mask)."""
+        return np.tile(self.band.visible(i0, i1, j0, j1), (self.q5.shape[2], 1))
+
+    def mask_tile(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
+                  g1: int | None = None) -> np.ndarray | None:
+        """The user's mask for the rows i0:i1 and keys j0:j1 of kv groups g0:g1, stacked as the
+        tiles are: (G', g·(i1 − i0), j1 − j0); None without a mask."""
+        if self.user_mask is None:
+            return None
+        b, hk, g = self.groups
+        um = self.user_mask.reshape(b * hk, g, self.t, -1)[g0:g1, :, i0:i1, j0:j1]
+        return um.reshape(um.shape[0], g * (i1 - i0), j1 - j0)
+
+    @property
+    def traced_group(self) -> int:
+        """The kv group (batch·Hkv + kv head) of the traced row; -1 without one."""
+        if self.traced[0] < 0:
+            return -1
+        return self.at_row[0] * self.groups[1] + self.at_row[1]
+
+    def locate(self, i0: int, i1: int) -> tuple[int, int] | None:
+        """The traced row in a stack of the rows i0:i1 of every head (g·(i1 − i0) rows a kv
+        group, as q_rows and the tiles stack them): (kv group, row), or None elsewhere."""
+        ti = self.traced[2]
+        if self.traced[0] < 0 or not i0 <= ti < i1:
+            return None
+        return self.traced_group, self.at_row[2] * (i1 - i0) + ti - i0
+
     def tile_work(self, i0: int) -> int:
         """How many K/V tiles the Q tile at i0 computes (the causal band and window skip some;
         the user's mask is not looked at): for scheduling the heaviest tiles first."""
-        i1 = min(self.t, i0 + self.bq)
         if self.band is None:
             return len(self.starts)
-        return sum(self.band.tile(i0, i1, j0, min(self.k1, j0 + self.bk)) != "skip"
-                   for j0 in self.starts)
+        i1 = self.q_end(i0)
+        return sum(self.band.tile(i0, i1, j0, j1) != "skip" for _, j0, j1 in self.kv_tiles)
+
+    @property
+    def kv_tiles(self) -> list[tuple[int, int, int]]:
+        """(tile index, first key, stop) of every K/V tile, in the order visited."""
+        return [((j0 - self.k0) // self.bk, j0, min(self.k1, j0 + self.bk)) for j0 in self.starts]
 
 
 def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_at) -> Plan:
@@ -173,60 +217,114 @@ def per_head(x, name: str, b: int, hq: int, hk: int, dtype) -> np.ndarray | None
     return np.broadcast_to(x, (b, hq)).reshape(b * hk, hq // hk).astype(dtype)
 
 
+@dataclass(frozen=True)
+class KVTile:
+    """One K/V tile as a stack of Q tiles meets it: its bounds and its kind for each of them."""
+
+    index: int
+    j0: int
+    j1: int
+    kinds: tuple[str, ...]  # 'full', 'partial' or 'skip', per Q tile of the stack
+
+    @property
+    def bounds(self) -> tuple[int, int, int]:
+        return self.index, self.j0, self.j1
+
+    @property
+    def seen(self) -> tuple[int, int] | None:
+        """(c0, c1): the Q tiles stack[c0:c1] from the first to the last that see a key of this
+        tile; None when it is hidden from all of them (skipped)."""
+        seen = [c for c, kind in enumerate(self.kinds) if kind != "skip"]
+        return (seen[0], seen[-1] + 1) if seen else None
+
+    @property
+    def kind(self) -> str:
+        """The stack's kind: 'skip' when every Q tile skips it, 'full' when every one sees all
+        of it, else 'partial'. For a band this is its kind for the stack's rows as one tile."""
+        if all(k == "skip" for k in self.kinds):
+            return "skip"
+        return "full" if all(k == "full" for k in self.kinds) else "partial"
+
+
+def walk(plan: Plan, stack: tuple[int, ...]) -> Iterator[KVTile]:
+    """The K/V tiles in visiting order for the Q tiles whose first rows are `stack` (q_groups),
+    each with its kind for every one of them (masks.tile_kind: the band by its bounds, the
+    user's mask by that tile of it over all batches and heads)."""
+    for index, j0, j1 in plan.kv_tiles:
+        kinds = []
+        for i0 in stack:
+            i1 = plan.q_end(i0)
+            um = None if plan.user_mask is None else plan.user_mask[..., i0:i1, j0:j1]
+            kinds.append(tile_kind(plan.band, um, i0, i1, j0, j1))
+        yield KVTile(index, j0, j1, tuple(kinds))
+
+
+def q_groups(plan: Plan, *, ragged: bool = False) -> list[tuple[int, ...]]:
+    """The Q tiles (their first rows) in the stacks that one loop step runs.
+
+    Consecutive Q tiles are stacked up to STACK_ROWS rows a step over all heads (for one head
+    of 128-row tiles, 16 of them): numpy then pays its per-call cost once for all of them,
+    while each row stays its own softmax. Under a causal band or a window a K/V tile may be
+    hidden from the first or last tiles of a stack, never from one between two that see it
+    (walk's seen); a user's mask can hide it from any of them, so it runs one tile a step.
+    ragged=False (the fused forward, which stacks tiles on an axis of their own): tiles of one
+    length, the short last one alone, and one tile a step under ALiBi (the tiles' bias is made
+    for the stack's first rows). ragged=True (the kernel emulations, which stack rows): the
+    last tile joins its stack, ALiBi included.
+    """
+    b, hk, g = plan.groups
+    size = 1
+    if plan.user_mask is None and (ragged or plan.slopes is None):
+        size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
+    starts = list(plan.q_starts)
+    if ragged:
+        return [tuple(starts[i:i + size]) for i in range(0, len(starts), size)]
+    whole = [i0 for i0 in starts if i0 + plan.bq <= plan.t]
+    short = [(i0,) for i0 in starts if i0 + plan.bq > plan.t]
+    return [tuple(whole[i:i + size]) for i in range(0, len(whole), size)] + short
+
+
 def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
     """The Q tile at i0 as (B·Hkv, g·n, d) rows, scaled (masks.scale_q); its row count n; and
     where the traced row sits in it as (batch·kv head, row), or None when it is elsewhere."""
     b, hk, g = plan.groups
-    i1 = min(plan.t, i0 + plan.bq)
-    n = i1 - i0
+    i1 = plan.q_end(i0)
     d = plan.q5.shape[-1]
-    qt = scale_q(plan.q5[..., i0:i1, :], plan.scale, plan.accum).reshape(b * hk, g * n, d)
-    ti = plan.traced[2]
-    at = None
-    if plan.traced[0] >= 0 and i0 <= ti < i1:
-        at = (plan.at_row[0] * hk + plan.at_row[1], plan.at_row[2] * n + ti - i0)
-    return qt, n, at
+    qt = scale_q(plan.q5[..., i0:i1, :], plan.scale, plan.accum).reshape(b * hk, g * (i1 - i0), d)
+    return qt, i1 - i0, plan.locate(i0, i1)
 
 
 def tiles(plan: Plan, group: tuple[int, ...], qt: np.ndarray,
           out: Callable[[int], np.ndarray] | None = None) -> Iterator[tuple]:
-    """The K/V tiles in visiting order for the Q tiles whose first rows are `group` (all of one
-    length; qt their rows stacked, (tiles, B·Hkv, g·n, d)): (bounds, S, V rows, seen) each.
+    """walk with osm's scores: for the Q tiles whose first rows are `group` (all of one length;
+    qt their rows stacked, (tiles, B·Hkv, g·n, d)), (bounds, S, V rows, seen) per K/V tile.
 
-    bounds = (tile index, first key, stop). seen = (c0, c1): the Q tiles group[c0:c1] that see
-    some key of the tile, and S = masks.score_tile for them, (c1 − c0, B·Hkv, g·n, width); S and
-    seen are None where the mask hides the tile from all of them. A band hides a K/V tile from
-    the Q tiles at the ends of a group, never from one between two that see it; a user's mask
-    can, so its groups are of one tile. out(width), if given, is the buffer S is written into
-    (score_tile's out), of the whole group.
+    seen = walk's (c0, c1); S = masks.score_tile for group[c0:c1], (c1 − c0, B·Hkv, g·n,
+    width), the band applied where one of them is partial; S and seen are None where the tile
+    is skipped. out(width), if given, is the buffer S is written into (score_tile's out), of
+    the whole group.
     """
-    b, hk, g = plan.groups
-    n = qt.shape[-2] // g
+    n = qt.shape[-2] // plan.groups[2]
     if plan.user_mask is not None and len(group) > 1:
         raise ValueError("a user's mask runs one Q tile at a time")
-    for j0 in plan.starts:
-        bounds = ((j0 - plan.k0) // plan.bk, j0, min(plan.k1, j0 + plan.bk))
-        j1 = bounds[2]
-        um = None
-        if plan.user_mask is not None:
-            um = plan.user_mask[..., group[0]:group[0] + n, j0:j1].reshape(1, b * hk, g * n,
-                                                                             j1 - j0)
-        kinds = [tile_kind(plan.band, um, i0, i0 + n, j0, j1) for i0 in group]
-        seen = [c for c, kind in enumerate(kinds) if kind != "skip"]
-        if not seen:
-            yield bounds, None, None, None
+    for tile in walk(plan, group):
+        j0, j1 = tile.j0, tile.j1
+        seen = tile.seen
+        if seen is None:
+            yield tile.bounds, None, None, None
             continue
-        c0, c1 = seen[0], seen[-1] + 1
+        c0, c1 = seen
         vis = None
-        if "partial" in kinds[c0:c1]:  # (tiles, 1, g·n, width): each Q tile's own band
-            vis = np.stack([plan.band.visible(i0, i0 + n, j0, j1) for i0 in group[c0:c1]])
-            vis = np.tile(vis, (1, g, 1))[:, None]
+        if "partial" in tile.kinds[c0:c1] and plan.band is not None:  # each Q tile's own band
+            vis = np.stack([plan.visible(i0, i0 + n, j0, j1) for i0 in group[c0:c1]])[:, None]
+        um = plan.mask_tile(group[0], group[0] + n, j0, j1)
         kT = plan.k3[:, j0:j1, :].astype(plan.accum, copy=False).swapaxes(-1, -2)
-        # ALiBi's bias depends on the rows: such runs stack no Q tiles (fast.q_groups)
+        # ALiBi's bias depends on the rows: such runs stack no Q tiles (q_groups)
         bias = plan.bias(group[0], group[0] + n, j0, j1)
-        s = score_tile(qt[c0:c1], kT, vis, um, out=None if out is None else out(j1 - j0)[c0:c1],
+        s = score_tile(qt[c0:c1], kT, vis, None if um is None else um[None],
+                       out=None if out is None else out(j1 - j0)[c0:c1],
                        softcap=plan.softcap, bias=bias)
-        yield bounds, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False), (c0, c1)
+        yield tile.bounds, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False), seen
 
 
 def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,
@@ -261,6 +359,6 @@ def _norm(x: np.ndarray) -> float:
 
 
 __all__ = [
-    "O_SHOWN", "Counts", "Plan", "make_plan", "per_head", "q_rows", "row_step", "sink_step",
-    "tiles",
+    "O_SHOWN", "STACK_ROWS", "Counts", "KVTile", "Plan", "make_plan", "per_head", "q_groups",
+    "q_rows", "row_step", "sink_step", "tiles", "walk",
 ]

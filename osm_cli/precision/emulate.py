@@ -33,7 +33,6 @@ import numpy as np
 from osm_cli.core.record import Step
 from osm_cli.core.state import block_max as max_of
 from osm_cli.errors import InputError, OsmError
-from osm_cli.flash.fast import STACK_ROWS
 from osm_cli.flash.forward import (
     Attention,
     Hooks,
@@ -43,9 +42,8 @@ from osm_cli.flash.forward import (
     packed_attention,
     run_q_tiles,
 )
-from osm_cli.flash.masks import tile_kind
 from osm_cli.flash.options import split_options
-from osm_cli.flash.plan import Counts, Plan, make_plan, row_step
+from osm_cli.flash.plan import Counts, Plan, make_plan, q_groups, row_step, walk
 
 from .dtypes import DTYPES, bits
 from .gpu_ops import (
@@ -164,7 +162,7 @@ def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, 
     def run(group):
         return _q_tile(plan, ar, kernel, group, out5, lse5)
 
-    trace, counts = run_q_tiles(plan, _stacks(plan), run, progress)
+    trace, counts = run_q_tiles(plan, q_groups(plan, ragged=True), run, progress)
     res = assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
                    len(plan.q_starts) * len(plan.starts))
     return replace(res, kernel=kernel.name)
@@ -244,40 +242,26 @@ def _alibi(plan: Plan, ar: Arith, i0: int, n: int, j0: int, j1: int,
     return (-(slope * dist)).astype(F32)
 
 
-def _stacks(plan: Plan) -> list[tuple[int, ...]]:
-    """The Q tiles run as one stack of rows: consecutive tiles up to STACK_ROWS rows a step
-    (one at a time under a user's mask). Each row is its own softmax: a K/V tile that the
-    causal band or window hides from one tile of the stack but not from another is computed
-    for the whole stack, and the rows that see none of its keys keep their state exactly (α =
-    1, P = 0), as if skipped; the counters and the traced row's steps are the kernel's own.
-    With mma="tensor-core" every element's sums are its own, so the bits do not depend on the
-    stack; BLAS's float32 sums may (within an ulp)."""
-    b, hk, g = plan.groups
-    size = 1
-    if plan.user_mask is None:
-        size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
-    starts = list(plan.q_starts)
-    return [tuple(starts[i:i + size]) for i in range(0, len(starts), size)]
-
-
 class _Row:
-    """The traced row's place in a tile stack and its steps."""
+    """The traced row's place in a tile stack (plan.locate) and its steps."""
 
     def __init__(self, plan: Plan, i0: int, n: int):
-        b, hk, g = plan.groups
-        ti = plan.traced[2]
-        self.at = None
-        if plan.traced[0] >= 0 and i0 <= ti < i0 + n:
-            self.at = (plan.at_row[0] * hk + plan.at_row[1], plan.at_row[2] * n + ti - i0)
+        self.at = plan.locate(i0, i0 + n)
         self.steps: list[Step] = []
 
 
 def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5, lse5):
-    """The kernel's loop over K/V tiles for the query rows of the Q tiles `group` (_stacks:
-    consecutive, one stack of rows) of every head."""
+    """The kernel's loop over K/V tiles for the query rows of the Q tiles `group`
+    (plan.q_groups, ragged: consecutive, one stack of rows) of every head. Each row is its own
+    softmax: a K/V tile that the band hides from one tile of the stack but not from another is
+    computed for the whole stack, and the rows that see none of its keys keep their state
+    exactly (α = 1, P = 0), as if skipped; the counters and the traced row's steps are the
+    kernel's own, tile by tile (plan.walk's kinds). With mma="tensor-core" every element's
+    sums are its own, so the bits do not depend on the stack; BLAS's float32 sums may (within
+    an ulp)."""
     b, hk, g = plan.groups
-    i0, tiles_here = group[0], len(group)
-    i1 = min(plan.t, group[-1] + plan.bq)
+    i0 = group[0]
+    i1 = plan.q_end(group[-1])
     n = i1 - i0
     d, dv = plan.q5.shape[-1], plan.v3.shape[-1]
     qt = plan.q5[..., i0:i1, :].reshape(b * hk, g * n, d).astype(F32, copy=False)
@@ -287,26 +271,22 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
     o = np.zeros((*rows, dv), dtype=F32)
     row = _Row(plan, i0, n)
     at = row.at
+    mine = None if at is None else (plan.traced[2] - i0) // plan.bq  # the traced row's Q tile
     counts = Counts()
     off = F32(ar.offset)
-    for j0 in plan.starts:
-        j1 = min(plan.k1, j0 + plan.bk)
-        bounds = ((j0 - plan.k0) // plan.bk, j0, j1)
-        um = None
-        if plan.user_mask is not None:
-            um = plan.user_mask[..., i0:i1, j0:j1].reshape(b * hk, g * n, j1 - j0)
-        kind = tile_kind(plan.band, um, i0, i1, j0, j1)
-        seen = [tile_kind(plan.band, um, a, min(plan.t, a + plan.bq), j0, j1) != "skip"
-                for a in group] if tiles_here > 1 else [kind != "skip"]
-        counts.skipped += tiles_here - sum(seen)
-        hidden = at is not None and not seen[(plan.traced[2] - i0) // plan.bq]
+    for tile in walk(plan, group):
+        bounds, j0, j1, kind = tile.bounds, tile.j0, tile.j1, tile.kind
+        seen = [k != "skip" for k in tile.kinds]
+        counts.skipped += len(group) - sum(seen)
+        hidden = at is not None and not seen[mine]
         if hidden:  # the kernel skips this tile for the traced row's own Q tile
             row.steps.append(_masked_step(bounds, m, lanes, o, ar, at))
         if kind == "skip":
             continue
         s = _scores(plan, ar, kernel, qt, i0, n, j0, j1, plan.softcap)
         if kind == "partial" and plan.band is not None:
-            s = np.where(np.tile(plan.band.visible(i0, i1, j0, j1), (g, 1)), s, F32(-np.inf))
+            s = np.where(plan.visible(i0, i1, j0, j1), s, F32(-np.inf))
+        um = plan.mask_tile(i0, i1, j0, j1)
         if um is not None:
             s = np.where(um, s, F32(-np.inf))
         block_max = max_of(s, nan_free=True)  # S holds no NaN: the max, quicker
@@ -326,8 +306,8 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 np.multiply(o, alpha[..., None], out=o))
         counts.computed += sum(seen)
-        counts.row_visits += sum(min(plan.t, a + plan.bq) - a
-                                 for a, saw in zip(group, seen, strict=True) if saw)
+        counts.row_visits += sum(plan.q_end(a) - a for a, saw in zip(group, seen, strict=True)
+                                 if saw)
         counts.rescales += int(np.count_nonzero((m_new != m) & np.isfinite(m)))
         if at is not None and not hidden:
             row.steps.append(replace(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at,
