@@ -534,36 +534,3 @@ def test_python_dash_m():
     assert result.returncode == 0, result.stderr
     assert "trace" in result.stdout and "overflow-demo" in result.stdout
     assert "Usage: osm " in result.stdout
-
-
-# ---------------------------------------------------------------------------------------------
-# the README's examples are real output
-
-
-def _readme_examples():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
-        command, _, output = block.partition("\n")
-        if command.startswith("$ osm ") and "|" not in command:
-            yield command[2:], output
-
-
-README_EXAMPLES = list(_readme_examples())
-
-
-@pytest.mark.parametrize("command, expected", README_EXAMPLES, ids=[c for c, _ in README_EXAMPLES])
-def test_readme_example(runner, command, expected):
-    import shlex
-
-    args = shlex.split(command)[1:]
-    result = run(runner, *args)
-    got = result.stdout + result.stderr
-
-    def norm(s):
-        return [line.rstrip() for line in s.strip("\n").splitlines() if line.strip()]
-
-    assert norm(got) == norm(expected)
-
-
-def test_readme_has_examples():
-    assert len(README_EXAMPLES) >= 4

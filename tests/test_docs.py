@@ -13,7 +13,7 @@ def test_every_cited_anchor_exists():
     anchors = set(re.findall(r'<a id="([^"]+)"></a>', (ROOT / "docs/numerics.md").read_text()))
     cited = {}
     files = [*ROOT.glob("osm_cli/**/*.py"), *ROOT.glob("tests/*.py"),
-             *ROOT.glob("benchmarks/*.py"), ROOT / "README.md", *ROOT.glob("docs/*.md")]
+             *ROOT.glob("benchmarks/*.py"), ROOT / "README.md", *ROOT.glob("docs/**/*.md")]
     for path in files:
         text = path.read_text()
         for anchor in re.findall(r"numerics\.md#([a-z0-9-]+)", text):
