@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,3 +104,57 @@ def tmux():
     cmd.start, cmd.wait_for = start, wait_for
     yield cmd
     cmd("kill-server", check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile input (tests/test_hardening2.py, tests/test_fuzz_inputs.py)
+
+
+def osm_process(*args, env: dict | None = None, timeout: float = 120, **kw):
+    """`osm *args` in a fresh Python process, from the repository root: real file descriptors,
+    real encodings, real signals, which CliRunner stands in for. env adds to (None: removes) the
+    environment's variables; COLUMNS is unset unless env gives it. Output is captured as bytes
+    unless kw says where stdout and stderr go."""
+    full = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    if "stdout" not in kw and "stderr" not in kw:
+        kw["capture_output"] = True
+    return subprocess.run([sys.executable, "-m", "osm_cli", *map(str, args)], cwd=ROOT,
+                          env=full, timeout=timeout, **kw)
+
+
+def one_error(stderr: str | bytes) -> str:
+    """The one "Error: …" line on stderr (asserted: no other line, no traceback, no Python
+    warning); the line without "Error: "."""
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert "Traceback" not in text and "Warning" not in text and "internal error" not in text, (
+        text)
+    errors = [line for line in lines if line.startswith("Error: ")]
+    assert len(errors) == 1 and len(lines) == 1, text
+    return errors[0][len("Error: "):]
+
+
+def no_leftovers(folder: Path) -> list[str]:
+    """The names in folder that are osm's temporaries (io/save.py's TEMP_TAG)."""
+    return sorted(p.name for p in Path(folder).iterdir() if ".osm-tmp-" in p.name)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under folder and its bytes, to compare before and after a refused command."""
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+@pytest.fixture(name="osm_process")
+def _osm_process_fixture():
+    return osm_process
+
+
+@pytest.fixture(name="one_error")
+def _one_error_fixture():
+    return one_error

@@ -165,14 +165,22 @@ def fail(message: str, code: int = 1):
 
 
 def guarded(fn):
-    """Turn OsmError into 'Error: …' + exit 1; any other failure too, without a traceback."""
+    """Turn OsmError into 'Error: …' + exit 1; any other failure too, without a traceback; a
+    closed, full or broken standard output into one line or, a broken pipe, silence (streams)."""
+    from . import streams
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out.reset()
         err.reset()
         try:
-            return fn(*args, **kwargs)
+            streams.prepare()
+            result = fn(*args, **kwargs)
+            streams.finish()
+            return result
+        except streams.StdoutClosed:
+            fail("standard output is closed; osm prints its results there (redirect it to a "
+                 "file or /dev/null instead)")
         except OsmError as exc:
             fail(str(exc))
         except MemoryError:
@@ -180,6 +188,11 @@ def guarded(fn):
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # a bug in osm: still one line, the traceback on request
+            said = streams.stream_failure(exc) if isinstance(exc, OSError) else None
+            if said is not None and said[0] is None:
+                raise typer.Exit(said[1]) from None  # a broken pipe: nobody is reading
+            if said is not None:
+                fail(*said)
             if os.environ.get("OSM_DEBUG"):
                 raise
             fail(f"internal error: {type(exc).__name__}: {exc} (set OSM_DEBUG=1 for a traceback)")

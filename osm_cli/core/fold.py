@@ -91,6 +91,7 @@ class Folding:
         if block < 1:
             raise ValueError("block must be at least 1")
         self.s2 = np.atleast_2d(scores)
+        block = min(int(block), max(1, self.s2.shape[1]))  # longer than the row: one block
         self.block, self.form, self.row, self.order = block, form, row, order
         self.step_kw = {"threshold": threshold} if form == "rescale" else {}
         self.state = initial_state(self.s2.shape[0], dtype=self.s2.dtype)

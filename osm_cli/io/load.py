@@ -279,6 +279,24 @@ def _all_below_inf(s: np.ndarray) -> bool:
                for r in range(0, rows, per) for a in range(0, n, width))
 
 
+def read_stdin() -> str:
+    """Standard input as text (UTF-8, a BOM dropped); InputError when it is closed, unreadable
+    or not text."""
+    stream = sys.stdin
+    if stream is None:
+        raise InputError("standard input is closed; give a file or --values instead of '-'")
+    try:
+        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+    except OSError as exc:
+        raise InputError(f"standard input cannot be read ({exc.strerror or exc})") from None
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError("standard input is not UTF-8 text") from None
+
+
 def load_scores(source: str | None, values: str | None = None,
                 raw_as: str | None = None) -> tuple[np.ndarray, str]:
     """Scores from a file path, "-" (standard input) or an inline string; (array, display name).
@@ -290,7 +308,7 @@ def load_scores(source: str | None, values: str | None = None,
     if source is None:
         raise InputError("no scores given: pass a file, '-' for standard input, or --values")
     if source == "-":
-        return check_scores(parse_text(sys.stdin.read(), "<stdin>"), "<stdin>"), "<stdin>"
+        return check_scores(parse_text(read_stdin(), "<stdin>"), "<stdin>"), "<stdin>"
     path = Path(source)
     check_file(path)
     if path.suffix.lower() in TENSOR_SUFFIXES:

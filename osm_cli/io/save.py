@@ -5,7 +5,12 @@ can be written; no two outputs on one file), writes each to a hidden temporary b
 (".NAME.osm-tmp-…"), and only when all are written renames them into place. A failure, Ctrl-C
 or SIGTERM on the way removes the temporaries and leaves every destination as it was. A new
 file gets the permissions the umask allows (as `open` would give it); a replaced file keeps its
-own. Leaves out: what is written (present/).
+own. Atomic replacement is for regular files (new ones, and symlinks to regular files, whose
+link is replaced and target left alone): a character device, FIFO or socket (/dev/null,
+/dev/full, a named pipe) and the standard streams (/dev/stdout, /dev/fd/N, /proc/self/fd/N)
+are written in place, after every temporary is written and before any is renamed, so that
+they are never replaced by a file (docs/inputs.md#output-files). Leaves out: what is written
+(present/).
 
 Example: write_all([(Path("o.npy"), out), (Path("lse.npy"), lse)])
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import stat
 import tempfile
@@ -32,14 +38,18 @@ TEMP_TAG = ".osm-tmp-"  # in every temporary's name, so a leftover (after SIGKIL
 
 def check_destinations(paths: Sequence[Path | None], names: Sequence[str] | None = None) -> None:
     """InputError unless every path (None: not asked for) can be written as a new or replaced
-    file, and no two name the same file. names, if given, are the options that gave each path
-    ("--out", "--lse"), for the message about a file named twice."""
+    file (or, a device or standard stream, written in place), and no two name the same file.
+    names, if given, are the options that gave each path ("--out", "--lse"), for the message
+    about a file named twice."""
     seen: dict[Path, str] = {}
     for n, path in enumerate(paths):
         if path is None:
             continue
         path = Path(path)
         label = names[n] if names else str(path)
+        if in_place(path):  # a device or stream: written where it is, twice if named twice
+            _check_in_place(path)
+            continue
         key = path.resolve()
         if key in seen:
             raise InputError(f"{seen[key]} and {label} are the same file ({path}); give each its "
@@ -52,6 +62,45 @@ def check_destinations(paths: Sequence[Path | None], names: Sequence[str] | None
             raise InputError(f"{path}: folder {parent} does not exist")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise InputError(f"{path}: folder {parent} is not writable")
+
+
+_STREAM = re.compile(r"/dev/(stdout|stderr|stdin|fd/\d+)|/proc/(self|thread-self|\d+)/fd/\d+")
+_FDS = {"stdin": 0, "stdout": 1, "stderr": 2}
+
+
+def in_place(path: Path) -> bool:
+    """Whether path is written where it is rather than replaced: a standard stream's name, or
+    (following links) anything that exists and is not a regular file or a folder."""
+    if _stream_fd(path) is not None:
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _stream_fd(path: Path) -> int | None:
+    """The descriptor a standard stream's name stands for in this process, else None."""
+    text = os.path.normpath(str(path))
+    if not _STREAM.fullmatch(text):
+        return None
+    last = text.rsplit("/", 1)[1]
+    if text.startswith("/proc/") and text.split("/")[2] not in ("self", "thread-self",
+                                                                 str(os.getpid())):
+        return None  # another process's descriptor: written through its name
+    return _FDS.get(last, int(last) if last.isdigit() else None)
+
+
+def _check_in_place(path: Path) -> None:
+    fd = _stream_fd(path)
+    if fd is not None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise InputError(f"{path}: that stream is closed") from None
+    elif not os.access(path, os.W_OK):
+        raise InputError(f"{path}: cannot be written (permission denied)")
 
 
 WRITE = 1 << 17  # bytes a write: on Linux 6.18 (ext4) 128 KiB writes cost the kernel a third
@@ -74,7 +123,11 @@ def write_all(items: Sequence[tuple[Path, str | bytes | np.ndarray | Iterable]])
     with _signals_raise():
         try:
             for path, data in items:
-                temps.append((Path(path), _write_temp(Path(path), data)))
+                if not in_place(Path(path)):
+                    temps.append((Path(path), _write_temp(Path(path), data)))
+            for path, data in items:
+                if in_place(Path(path)):
+                    _write_in_place(Path(path), data)
             for path, _ in temps:
                 if path.exists() and (link := _keep(path)) is not None:
                     kept[path] = link
@@ -140,15 +193,7 @@ def _write_temp(path: Path, data) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), _mode_for(path))
-            if isinstance(data, np.ndarray):
-                np.save(fh, np.ascontiguousarray(data), allow_pickle=False)
-            elif isinstance(data, (str, bytes)):
-                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            else:  # text (or bytes) made piece by piece (a long trace's CSV)
-                for piece in data:
-                    whole = memoryview(piece.encode("utf-8") if isinstance(piece, str) else piece)
-                    for at in range(0, len(whole), WRITE):
-                        fh.write(whole[at:at + WRITE])
+            _write_data(fh, data)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -156,6 +201,40 @@ def _write_temp(path: Path, data) -> str:
             raise InputError(f"{path}: cannot write ({exc.strerror})") from None
         raise
     return tmp
+
+
+def _write_data(fh, data) -> None:
+    if isinstance(data, np.ndarray):
+        np.save(fh, np.ascontiguousarray(data), allow_pickle=False)
+    elif isinstance(data, (str, bytes)):
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+    else:  # text (or bytes) made piece by piece (a long trace's CSV)
+        for piece in data:
+            whole = memoryview(piece.encode("utf-8") if isinstance(piece, str) else piece)
+            for at in range(0, len(whole), WRITE):
+                fh.write(whole[at:at + WRITE])
+
+
+def _write_in_place(path: Path, data) -> None:
+    """data written into a device, FIFO or standard stream as it is (never truncated, never
+    replaced): /dev/full gives "no space left on device"."""
+    import sys
+
+    fd = _stream_fd(path)
+    try:
+        if fd is not None:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()  # what was printed before comes first
+            fh = os.fdopen(os.dup(fd), "wb")
+        else:
+            fh = open(os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0)), "wb")
+        with fh:
+            _write_data(fh, data)
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:  # the reader went away, as for a pipe on stdout
+            raise BrokenPipeError(exc.errno, exc.strerror) from None
+        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def _mode_for(path: Path) -> int:
@@ -188,4 +267,5 @@ def _signals_raise():
             signal.signal(sig, handler)
 
 
-__all__ = ["TEMP_TAG", "check_destinations", "save_bytes", "save_npy", "save_text", "write_all"]
+__all__ = ["TEMP_TAG", "check_destinations", "in_place", "save_bytes", "save_npy", "save_text",
+           "write_all"]

@@ -1,6 +1,7 @@
 """The consoles the command line prints to: tables on stdout, messages on stderr.
 
-Width: COLUMNS when it is set, else the terminal's; piped output without COLUMNS gets 100
+Width: COLUMNS when it is set to a sane width (MIN_WIDTH to MAX_WIDTH; anything else is as if
+unset), else the terminal's; piped output without COLUMNS gets 100
 columns (not rich's 80), the width the tables are laid out for. Output that is not a terminal
 carries no trailing whitespace: rich pads each line of a table to the table's width, and a file
 or a pipe keeps those spaces. A recording console (record=True, for --svg and --html) keeps
@@ -10,19 +11,22 @@ Leaves out: what is printed.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 from rich.console import Console
 
 PIPED_WIDTH = 100  # the width tables are laid out for when nothing says otherwise
+# COLUMNS outside these is no width (COLUMNS=0 printed every Error line as nothing): unset
+MIN_WIDTH, MAX_WIDTH = 20, 1000
 
 
 def width_from_env(is_terminal: bool) -> int | None:
-    """COLUMNS when it is a positive whole number; else None (rich asks the terminal) in a
-    terminal, PIPED_WIDTH elsewhere."""
+    """COLUMNS when it is a whole number from MIN_WIDTH to MAX_WIDTH; else None (rich asks the
+    terminal) in a terminal, PIPED_WIDTH elsewhere."""
     cols = os.environ.get("COLUMNS", "").strip()
-    if cols.isdigit() and int(cols) > 0:
+    if cols.isdigit() and MIN_WIDTH <= int(cols) <= MAX_WIDTH:
         return int(cols)
     return None if is_terminal else PIPED_WIDTH
 
@@ -90,18 +94,38 @@ class Held:
         self._pieces = []
 
 
+class _Console(Console):
+    """rich's Console, less its own answer to a broken pipe (SystemExit(1) from deep inside a
+    print): the error goes up to the command, which ends silently (cli/streams.py)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def _environ() -> dict[str, str]:
+    """The environment rich sizes a console from, less a COLUMNS (or LINES) that is no width."""
+    env = dict(os.environ)
+    for name in ("COLUMNS", "LINES"):
+        value = env.get(name, "").strip()
+        if name in env and not (value.isdigit() and MIN_WIDTH <= int(value) <= MAX_WIDTH):
+            del env[name]
+    return env
+
+
 def console(*, stderr: bool = False, record: bool = False) -> Console:
     """The stdout console (or, stderr=True, the stderr one) for one command's run. A recording
     console (record=True) keeps what it prints for export_svg / export_html, and holds it back
     until its file's release() (Held)."""
     if stderr:
-        return Console(stderr=True, highlight=False)
+        tty = sys.stderr is not None and sys.stderr.isatty()
+        return _Console(stderr=True, highlight=False, width=width_from_env(tty),
+                        _environ=_environ())
     tty = sys.stdout.isatty()
     file = None if tty else TrimmedStdout()
     if record:
         file = Held(file)
-    return Console(highlight=False, width=width_from_env(tty), record=record, file=file,
-                   force_terminal=tty if record else None)
+    return _Console(highlight=False, width=width_from_env(tty), record=record, file=file,
+                    force_terminal=tty if record else None, _environ=_environ())
 
 
 def as_text(renderable, width: int = PIPED_WIDTH) -> str:

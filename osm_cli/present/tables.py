@@ -141,7 +141,7 @@ def _merge_splits(names, rep, files_column: bool, d: int, dr: int) -> Group:
     files = [f"{Path(o_name).name}, {Path(l_name).name}" for o_name, l_name in names]
     for st, file, row_lse, row_w in zip(stats, files, rep.row_lses, rep.row_weights,
                                         strict=True):
-        if st.empty < st.rows:
+        if st.empty < st.rows and None not in (st.lse_min, st.weight_min):
             lse_range = Text.assemble(num(st.lse_min, dr), " … ", num(st.lse_max, dr))
             w_range = Text.assemble(num(st.weight_min, dr - 1), " … ", num(st.weight_max, dr - 1))
         else:

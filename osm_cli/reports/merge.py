@@ -24,11 +24,11 @@ class SplitStat:
     rows: int
     empty: int  # rows where this split saw no key (LSE -inf or +inf)
     pos_inf: int  # of which written as +inf (FA2's marker)
-    lse_min: float  # over the non-empty rows (nan when none)
-    lse_max: float
-    weight_min: float  # exp(LSE_s − L) over rows with any visible key (nan when none)
-    weight_max: float
-    weight_mean: float
+    lse_min: float | None  # over the non-empty rows (None when none: JSON's null, never "nan")
+    lse_max: float | None
+    weight_min: float | None  # exp(LSE_s − L) over rows with any visible key (None when none)
+    weight_max: float | None
+    weight_mean: float | None
 
 
 def split_stats(merged: Merged, lses) -> tuple[SplitStat, ...]:
@@ -41,9 +41,9 @@ def split_stats(merged: Merged, lses) -> tuple[SplitStat, ...]:
         w = merged.weights[n][live]
         stats.append(SplitStat(
             n, int(lse[n].size), int(merged.empty[n].sum()), int(np.isposinf(lse[n]).sum()),
-            float(seen.min()) if seen.size else np.nan, float(seen.max()) if seen.size else np.nan,
-            float(w.min()) if w.size else np.nan, float(w.max()) if w.size else np.nan,
-            float(w.mean()) if w.size else np.nan,
+            float(seen.min()) if seen.size else None, float(seen.max()) if seen.size else None,
+            float(w.min()) if w.size else None, float(w.max()) if w.size else None,
+            float(w.mean()) if w.size else None,
         ))
     return tuple(stats)
 

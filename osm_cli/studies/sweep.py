@@ -78,12 +78,13 @@ def sweep(
     heads: int = 1, batch: int = 1, dtype_bytes: int = 2, sram_bytes: int = 192 * 1024,
     block_q: int = 128,
 ) -> Sweep:
-    """Run `run(block)` for each block size and put the cost model beside each measurement."""
+    """Run `run(block)` for each block size and put the cost model beside each measurement.
+    A block longer than the n_k keys is one block of n_k (docs/inputs.md#zero-size-inputs)."""
     if not blocks or min(blocks) < 1:
         raise InputError("block sizes must be whole numbers of at least 1")
     M = sram_bytes // dtype_bytes
     rows = []
-    for b in blocks:
+    for b in dict.fromkeys(min(int(b), max(1, n_k)) for b in blocks):
         tb = tile_bytes(block_q, b, d, dtype_bytes)
         model = dict(heads=heads, batch=batch, dtype_bytes=dtype_bytes, block_k=b, n_q=n_q)
         flash = hbm_bytes_flash(n_k, d, **model)
