@@ -36,7 +36,7 @@ NOISE = 1.05  # a ratio up to this counts as no slower
 PROBE = r"""
 import json, subprocess, sys, time
 import numpy as np
-from osm_cli import attention
+from osm_cli.flash.forward import attention
 
 files, repeats = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(0)

@@ -1,60 +1,53 @@
 """osm: a numerical explorer for the online softmax at the heart of FlashAttention.
 
-The Python API returns the same records the tables show:
+The Python API speaks FlashAttention's words (tensors first, every keyword explicit, the LSE as
+(B, H, N)) and returns the same records the tables show:
 
-    from osm_cli import online_softmax
-    t = online_softmax(np.array([2., 4., 1., 3.]), block=2)
-    t.steps[1].l  # 1.5530018...
+    >>> import numpy as np
+    >>> from osm_cli import online_softmax
+    >>> t = online_softmax(np.array([2., 4., 1., 3.]), block=2)
+    >>> round(float(t.steps[1].l), 7)
+    1.5530018
+
+The top level holds the few names a user starts from: `attention`, `attention_backward`,
+`attention_reference`, `check`, `online_softmax`, their records and the errors. The rest lives
+in namespaces: `osm_cli.kernels` (kernel presets and precision models), `osm_cli.core` (the
+state, its update steps, the merge), `osm_cli.studies` (lazy rescale, block order, overflow),
+`osm_cli.costmodel` (FA1's I/O model), `osm_cli.testing` (assert_attention_close).
 
 The package is layered; each layer imports only those below it (pyproject.toml's import-linter
 contract, checked in CI):
 
     cli/        typer: options, commands, "Error: …" lines and exit codes
+    testing.py  assert_attention_close, for a kernel's own pytest suite
+    api/        the public functions above, in FlashAttention's names (kernels.py, costmodel.py)
     present/    rich tables, JSON, CSV, plots, step mode: records in, renderables out
     io/         reading inputs, writing outputs atomically
     reports/    what each command reports, computed once
     studies/    lazy rescale, block order, sweep, cost model, tile maps, overflow demo
     precision/  dtypes and rounding, the kernel model, FlashAttention's test rule, check
-    flash/  shapes, masks, scores, the tiled forward, the one-shot reference, split-KV
+    flash/      shapes, masks, scores, the tiled forward, the one-shot reference, split-KV
     core/       the state (m, l, O), the two update steps, the fold, references, merge
 
 Names are imported on first use (PEP 562 __getattr__), so `osm` does not pay at every start for
-modules a command may not need (`osm --help` loads neither numpy nor rich). The attention
-algorithms live in the subpackage `flash/`, so that no subpackage shadows the function
-`osm_cli.attention`.
+modules a command may not need (`osm --help` loads neither numpy nor rich).
 """
 
 from importlib import import_module
 
 # module -> the names it exports here
 _API = {
-    "flash.forward": ("attention", "Attention", "ScoreOptions", "Tiling", "Hooks"),
-    "flash.backward": ("Backward", "attention_backward"),
-    "flash.split": ("split_kv",),
-    "core.record": ("GradStep", "Step"),
-    "core.state": ("State", "combine", "initial_state", "merge_step", "rescale_step"),
+    "api.forward": ("attention", "attention_reference", "Reference"),
+    "api.backward": ("attention_backward",),
+    "api.check": ("check",),
+    "flash.forward": ("Attention",),
+    "flash.backward": ("Backward",),
+    "precision.check": ("CheckReport",),
+    "core.record": ("Step",),
     "core.fold": ("Trace", "online_softmax"),
-    "core.reference": ("logsumexp", "naive_softmax", "stable_softmax"),
-    "core.merge": ("fold_merge", "merge_detail", "merge_partials", "tree_merge"),
     "errors": ("InputError", "OsmError", "ShapeError"),
-    "precision.check": ("check",),
-    "precision.dtypes": ("limits", "round_to", "ulp"),
-    "precision.model": ("model",),
-    "precision.emulate": ("Descale", "run_kernel"),
-    "precision.kernels": ("run_flash",),
-    "precision.presets": ("PRESETS", "Preset", "preset"),
-    "precision.rule": ("fa_rule", "judge"),
-    "studies.costmodel": ("fa1_blocks", "hbm_bytes_flash", "hbm_bytes_standard", "parse_size",
-                          "tile_bytes"),
-    "studies.lazy": ("LazyReport", "lazy_report"),
-    "studies.order": ("block_order", "order_check"),
-    "studies.overflow": ("overflow_demo",),
-    "studies.sweep": ("sweep",),
 }
 _WHERE = {name: (module, name) for module, names in _API.items() for name in names}
-_WHERE["attention_reference"] = ("flash.reference", "reference")  # apart from core's
-_WHERE["attention_reference_backward"] = ("flash.reference", "reference_backward")
-_WHERE["TileStep"] = ("core.record", "Step")  # one record for blocks and tiles since 0.2
 
 
 def __getattr__(name: str):
@@ -72,4 +65,4 @@ def __dir__():
 
 
 __all__ = [*_WHERE]
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -10,9 +10,7 @@ tensor (then its dtype is kept: bfloat16 becomes ml_dtypes.bfloat16, float8 ml_d
 
 Leaves out: the rules and the judging (precision/), files (io/), the command line (cli/).
 
-Example:
-    from osm_cli.testing import assert_attention_close
-    assert_attention_close(out, q, k, v, lse=lse, causal=True)   # passes silently
+Example: assert_attention_close(out, q, k, v, lse=lse, causal=True) passes silently.
 """
 
 from __future__ import annotations
@@ -21,44 +19,71 @@ import numpy as np
 
 from osm_cli.precision.names import KERNELS  # the kernel presets (precision/presets.py)
 
-GRADIENTS = ("do", "dq", "dk", "dv")
 
-
-def assert_attention_close(out, q, k, v, *, lse=None, do=None, dq=None, dk=None, dv=None,
-                           dtype=None, kernel: str | None = None, mma: str = "blas",
-                           causal: bool = False,
-                           causal_align: str = "bottom-right", window=None, mask=None,
-                           scale: float | None = None, layout: str = "bhnd",
-                           grad_rule: str = "fa3", top: int = 5,
-                           msg: str | None = None) -> None:
+def assert_attention_close(
+    out, q, k, v, *, lse=None, dout=None, dq=None, dk=None, dv=None,
+    softmax_scale: float | None = None, causal: bool = False,
+    window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+    learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
+    layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
+    attn_mask=None, dtype=None, kernel: str | None = None, mma: str = "blas", q_descale=None,
+    k_descale=None, v_descale=None, grad_rule: str = "fa3", top: int = 5,
+    msg: str | None = None, do=None, scale: float | None = None, window=None, mask=None,
+) -> None:
     """Raise AssertionError, with osm check's report, unless `out` (and `lse`) are what a
     faithful FlashAttention kernel computes for q, k, v.
 
-    dtype: the kernel's dtype ("bf16", "fp16", …; default: out's own). kernel: the preset
-    whose model the report shows beside (fa2, fa4, fa4-sm100, tiles; default fa2 for 16-bit,
-    fa4-sm100 for FP8; an unknown name is a ValueError naming the known ones); mma: its
-    matmuls, "blas" or "tensor-core". causal, causal_align, window, mask,
-    scale, layout: as `osm check` takes them (layout "bnhd" for FlashAttention's (B, N, H, d),
-    whose LSE may stay (B, H, N)). dq, dk, dv (any of them, with do) are judged by grad_rule,
-    "fa3" (FA3/FA4's tests) or "fa2". top: the worst rows and heads the report lists; msg: a
-    line put before it. Inputs osm cannot judge (shapes that do not fit, values that overflow
-    the dtype, gradients without do) raise osm's OsmError.
+    Parameters
+    ----------
+    out, q, k, v : array or torch tensor
+        The kernel's output and inputs (torch tensors on any device are copied to numpy).
+    lse, dout, dq, dk, dv, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, layout, kv_layout,
+    causal_align, attn_mask, dtype, kernel, mma, q_descale, k_descale, v_descale, grad_rule, top
+        As `osm_cli.check` takes them (FlashAttention's names); dtype defaults to out's own;
+        an unknown kernel is a ValueError naming the known ones.
+    msg : str, optional
+        A line put before the report.
+    do, scale, window, mask
+        osm 0.2's names of dout, softmax_scale, window_size, attn_mask; they still work.
+
+    Raises
+    ------
+    AssertionError
+        With osm check's report (each verdict with its bound, the worst rows and heads).
+    OsmError
+        For inputs osm cannot judge (shapes that do not fit, values that overflow the dtype,
+        gradients without dout).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from osm_cli import attention
+    >>> from osm_cli.testing import assert_attention_close
+    >>> q = k = v = np.random.default_rng(0).standard_normal((1, 2, 8, 16)).astype(np.float16)
+    >>> r = attention(q, k, v, dtype="fp16", causal=True)
+    >>> assert_attention_close(r.out, q, k, v, lse=r.lse, dtype="fp16", causal=True)  # passes
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's
-    from osm_cli.precision.check import check, output_dtype
+    from osm_cli.api.check import check
     from osm_cli.present.console import as_text
     from osm_cli.present.verdicts import check_report, fail_line
 
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
-    grads = {n: as_numpy(g, n) for n, g in zip(GRADIENTS, (do, dq, dk, dv), strict=True)
-             if g is not None}
-    o = as_numpy(out, "out")
-    q, k, v = (as_numpy(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-    rep = check(o, q, k, v, dtype if dtype is not None else output_dtype(o, "out"),
-                lse=as_numpy(lse, "lse"), top=top, causal=causal, causal_align=causal_align,
-                window=window, mask=as_numpy(mask, "mask"), scale=scale, layout=layout,
-                grad_rule=grad_rule, kernel=kernel, mma=mma, **grads)
+    arrays = {n: as_numpy(x, n) for n, x in (
+        ("out", out), ("q", q), ("k", k), ("v", v), ("lse", lse), ("dout", dout if do is None
+                                                                   else do),
+        ("dq", dq), ("dk", dk), ("dv", dv), ("attn_mask", attn_mask if mask is None else mask),
+        ("alibi_slopes", alibi_slopes), ("learnable_sink", learnable_sink),
+        ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))}
+    rep = check(
+        arrays.pop("q"), arrays.pop("k"), arrays.pop("v"), arrays.pop("out"), **arrays,
+        softmax_scale=softmax_scale if scale is None else scale, causal=causal,
+        window_size=window_size if window is None else window, softcap=softcap,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+        page_table=page_table, layout=layout, kv_layout=kv_layout, causal_align=causal_align,
+        dtype=dtype, kernel=kernel, mma=mma, grad_rule=grad_rule, top=top)
     if rep.passed:
         return
     head = f"{msg}\n" if msg else ""

@@ -1,5 +1,7 @@
-"""Shared fixtures: a CliRunner, a fixed-width colourless renderer, strict JSON parsing, and a
-private tmux server for the step-mode tests (a real terminal)."""
+"""Shared fixtures: the one Q/K/V generator (`qkv`, `rand`), the one CLI runner (`osm`), a
+CliRunner, a fixed-width colourless renderer, strict JSON parsing, and a private tmux server
+for the step-mode tests (a real terminal). `from conftest import qkv, osm` where a hypothesis
+test cannot take a fixture."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
+
+from osm_cli.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -29,6 +34,42 @@ def render_text(renderable, width: int = 100) -> str:
     )
     console.print(renderable)
     return console.file.getvalue()
+
+
+def rand(*shape, seed=0, dtype=np.float64) -> np.ndarray:
+    """Standard normal values of `shape`, seeded, in `dtype`."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64):
+    """Random Q (…, t, d), K (…, s, d), V (…, s, dv) in bhnd; heads = (Hq, Hkv) (GQA when they
+    differ); b None: no batch axis (and no head axis for one head each)."""
+    hq, hk = heads
+    lead_q = () if b is None and hq == 1 and hk == 1 else ((hq,) if b is None else (b, hq))
+    lead_k = () if not lead_q else ((hk,) if b is None else (b, hk))
+    return (rand(*lead_q, t, d, seed=seed, dtype=dtype),
+            rand(*lead_k, s, d, seed=seed + 1, dtype=dtype),
+            rand(*lead_k, s, d if dv is None else dv, seed=seed + 2, dtype=dtype))
+
+
+def osm(*args, width: int | None = None, input=None, runner: CliRunner | None = None):
+    """`osm *args` through typer's CliRunner (stdout and stderr apart), COLUMNS=width if given;
+    never a traceback."""
+    env = None if width is None else {"COLUMNS": str(width)}
+    result = (runner or CliRunner()).invoke(app, [str(a) for a in args], input=input, env=env)
+    both = result.stdout + result.stderr
+    assert "Traceback" not in both, both
+    return result
+
+
+@pytest.fixture(name="osm")
+def _osm_fixture():
+    return osm
+
+
+@pytest.fixture(name="qkv")
+def _qkv_fixture():
+    return qkv
 
 
 def _no_constants(name):

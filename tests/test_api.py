@@ -3,6 +3,7 @@ module defines, and is imported only when first used."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import types
@@ -11,29 +12,49 @@ from pathlib import Path
 import pytest
 
 import osm_cli
-from osm_cli import attention, check, online_softmax, sweep
+from osm_cli import attention, check, online_softmax
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_name_in_all_is_the_object_its_module_defines():
     assert len(osm_cli.__all__) == len(set(osm_cli.__all__))
+    assert len(osm_cli.__all__) <= 14  # a small top level; the rest in namespaces
     for name in osm_cli.__all__:
         value = getattr(osm_cli, name)
-        defined = {"attention_reference": "reference", "TileStep": "Step",
-                   "attention_reference_backward": "reference_backward"}.get(name, name)
-        module = getattr(value, "__module__", None) or f"osm_cli.{osm_cli._WHERE[name][0]}"
-        assert value is getattr(sys.modules[module], defined), name  # PRESETS: a dict
-    assert osm_cli.attention_reference.__module__ == "osm_cli.flash.reference"
-    assert osm_cli.TileStep is osm_cli.Step  # one step record for blocks and tiles (0.2.0)
+        module = f"osm_cli.{osm_cli._WHERE[name][0]}"
+        assert value is getattr(sys.modules[module], name), name
+    assert osm_cli.attention_reference.__module__ == "osm_cli.api.forward"
+
+
+def test_the_0_1_aliases_are_gone():
+    """TileStep, schedule= and SCHEDULES were 0.1's names (CHANGELOG, 0.3.0)."""
+    for name in ("TileStep", "SCHEDULES", "ScoreOptions", "run_flash", "sweep"):
+        assert not hasattr(osm_cli, name), name
+    import osm_cli.precision.kernels as k
+
+    assert not hasattr(k, "SCHEDULES")
+    assert "schedule" not in inspect.signature(k.run_flash).parameters
+
+
+def test_namespaces_hold_the_rest():
+    from osm_cli import core, costmodel, kernels, studies
+
+    assert kernels.run_kernel.__module__ == "osm_cli.kernels"
+    assert kernels.PRESETS["fa2"].name == "fa2"
+    assert core.merge_partials is sys.modules["osm_cli.core.merge"].merge_partials
+    assert core.Step is osm_cli.Step
+    assert costmodel.fa1_blocks(100 * 1024, 64) == (64, 400)
+    assert studies.block_order is sys.modules["osm_cli.studies.order"].block_order
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        studies.nope  # noqa: B018
 
 
 def test_from_imports_and_star_import():
-    """attention is the function (the algorithms live in flash/, no subpackage shadows it)."""
+    """attention is the function (the algorithms live in flash/: no subpackage shadows it)."""
     assert (type(attention) is types.FunctionType
-            and attention.__module__ == "osm_cli.flash.forward")
-    assert type(sweep) is types.FunctionType and sweep.__module__ == "osm_cli.studies.sweep"
-    assert check is sys.modules["osm_cli.precision.check"].check
+            and attention.__module__ == "osm_cli.api.forward")
+    assert check is sys.modules["osm_cli.api.check"].check
     assert online_softmax is sys.modules["osm_cli.core.fold"].online_softmax
     space: dict = {}
     exec("from osm_cli import *", space)
@@ -50,18 +71,17 @@ def test_unknown_names_fail_as_usual():
 
 def test_names_load_on_first_use():
     """`osm` (osm_cli.cli) starts without precision/'s dtypes and ml_dtypes; asking for a name
-    loads its module, and attention and sweep stay the functions after the CLI imported their
-    modules."""
+    loads its module, and attention stays the function after the CLI imported its modules."""
     code = (
         "import sys, types, osm_cli.cli\n"
         "print('ml_dtypes' in sys.modules, 'osm_cli.precision.dtypes' in sys.modules)\n"
-        "from osm_cli import attention, sweep, check\n"
-        "print(type(attention) is types.FunctionType, type(sweep) is types.FunctionType, "
-        "'ml_dtypes' in sys.modules, check.__module__)"
+        "from osm_cli import attention, check\n"
+        "print(type(attention) is types.FunctionType, 'ml_dtypes' in sys.modules, "
+        "check.__module__)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           check=True, timeout=60)
-    assert proc.stdout.splitlines() == ["False False", "True True True osm_cli.precision.check"]
+    assert proc.stdout.splitlines() == ["False False", "True True osm_cli.api.check"]
 
 
 def test_help_loads_neither_numpy_nor_rich():

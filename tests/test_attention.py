@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import qkv, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,19 +28,6 @@ E = math.exp
 ATOL = 1e-12
 FORMS = ("rescale", "merge")
 ALIGNS = ("bottom-right", "top-left")
-
-
-def rand(*shape, seed=0, dtype=np.float64):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
-def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0):
-    """Random float64 Q (…, t, d), K (…, s, d), V (…, s, dv); heads = (Hq, Hkv)."""
-    hq, hk = heads
-    lead_q = () if b is None and hq == 1 and hk == 1 else ((hq,) if b is None else (b, hq))
-    lead_k = () if not lead_q else ((hk,) if b is None else (b, hk))
-    return (rand(*lead_q, t, d, seed=seed), rand(*lead_k, s, d, seed=seed + 1),
-            rand(*lead_k, s, d if dv is None else dv, seed=seed + 2))
 
 
 def oracle(q, k, v, keep, scale=None, bias=None):
@@ -439,9 +427,9 @@ def test_layout_bnhd_is_the_transpose(causal):
     tq, tk, tv = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
     b = attention(tq, tk, tv, causal=causal, block_q=4, block_k=3, layout="bnhd",
                   trace_at=(1, 3, 5))
-    assert b.out.shape == (2, 9, 4, 3) and b.lse.shape == (2, 9, 4)
+    assert b.out.shape == (2, 9, 4, 3) and b.lse.shape == (2, 4, 9)  # LSE: FA's (B, H, N)
     close(b.out, a.out.transpose(0, 2, 1, 3), atol=1e-15)
-    close(b.lse, a.lse.transpose(0, 2, 1), atol=1e-15)
+    close(b.lse, a.lse, atol=1e-15)
     assert [s.m for s in a.trace] == pytest.approx([s.m for s in b.trace], abs=1e-15)
     ref_out, ref_lse = reference(tq, tk, tv, causal=causal, layout="bnhd")
     close(b.out, ref_out)
@@ -453,9 +441,9 @@ def test_layout_bnhd_three_dims():
     a = attention(q, k, v, block_k=3)
     tq, tk, tv = (x.transpose(1, 0, 2) for x in (q, k, v))  # (N, H, d)
     b = attention(tq, tk, tv, block_k=3, layout="bnhd")
-    assert b.out.shape == (6, 2, 4) and b.lse.shape == (6, 2)
+    assert b.out.shape == (6, 2, 4) and b.lse.shape == (2, 6)  # LSE: FA's (H, N)
     close(b.out, a.out.transpose(1, 0, 2), atol=1e-15)
-    close(b.lse, a.lse.T, atol=1e-15)
+    close(b.lse, a.lse, atol=1e-15)
 
 
 def test_input_ranks_two_three_four():
@@ -508,7 +496,7 @@ def test_tiles_and_layouts_do_not_change_the_result(t, s, d, dv, heads, b, bq, b
                     order=np.array(order), **kw)
     out, lse = res.out, res.lse
     if layout == "bnhd":
-        out, lse = out.transpose(0, 2, 1, 3), lse.transpose(0, 2, 1)
+        out = out.transpose(0, 2, 1, 3)  # the LSE is (B, H, N) for either layout
     close(out, ref_out)
     close(lse, ref_lse)
     close(out, base.out)

@@ -8,13 +8,14 @@ import math
 
 import numpy as np
 import pytest
+from conftest import rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli import attention
 from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.forward import attention
 from osm_cli.flash.reference import reference, reference_backward
 from osm_cli.precision.backward import fa2_backward_blocks, flash_backward, plain_backward
 from osm_cli.precision.dtypes import DTYPES, round_inputs, round_to
@@ -22,10 +23,6 @@ from osm_cli.precision.model import model
 
 TINY = {"q": np.array([[1.0, 0.0]]), "k": np.array([[1.0, 0.0], [0.0, 1.0]]),
         "v": np.array([[1.0, 2.0], [3.0, 4.0]]), "do": np.array([[1.0, 1.0]])}
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape)
 
 
 def qkvdo(hq=2, hk=2, t=5, s=7, d=4, dv=3, b=1, seed=0):

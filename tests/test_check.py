@@ -218,8 +218,8 @@ def test_check_with_no_keys_judges_the_all_masked_output():
 
     q = np.ones((4, 8), np.float16)
     k, v = np.zeros((0, 8), np.float16), np.zeros((0, 3), np.float16)
-    assert check(np.zeros((4, 3), np.float16), q, k, v, "fp16").verdict.passed
-    assert not check(np.ones((4, 3), np.float16), q, k, v, "fp16").verdict.passed
+    assert check(q, k, v, np.zeros((4, 3), np.float16), dtype="fp16").verdict.passed
+    assert not check(q, k, v, np.ones((4, 3), np.float16), dtype="fp16").verdict.passed
 
 
 def test_check_float64_error_on_an_all_zero_row_is_quiet():
@@ -229,7 +229,7 @@ def test_check_float64_error_on_an_all_zero_row_is_quiet():
 
     q, k, v = np.ones((2, 4)), np.ones((3, 4)), np.ones((3, 2))
     mask = np.array([[False] * 3, [True] * 3])
-    rep = check(np.ones((2, 2)), q, k, v, "fp64", mask=mask)
+    rep = check(q, k, v, np.ones((2, 2)), dtype="fp64", attn_mask=mask)
     assert not rep.verdict.passed
 
 
@@ -248,7 +248,7 @@ def _flash_case(dtype="bfloat16", seed=5, shape=(1, 4, 160, 64), **opts):
     m = model(dtype)
     arrays = {n: rng.standard_normal(shape).astype(np.float32) for n in ("Q", "K", "V", "dO")}
     (q, k, v, do), _ = round_inputs(arrays, DTYPES[dtype])
-    f = run_flash(m, q, k, v, trace_at=None, schedule="fa2", **opts)
+    f = run_flash(m, q, k, v, trace_at=None, kernel="fa2", **opts)
     b = flash_backward(m, q, k, v, do, f.out, f.lse, trace_at=None, **opts)
     return dict(out=f.out, q=q, k=k, v=v, lse=f.lse, do=do, dq=b.dq, dk=b.dk, dv=b.dv)
 

@@ -99,7 +99,7 @@ def test_json_and_csv(runner, tmp_path, strict_json):
 def test_kernel_forward_and_dtype(runner, tmp_path):
     """--o/--lse: the kernel's saved forward; --dtype: the flash model and each gradient's rule."""
     q, k, v, do = (np.load(p) for p in SAMPLES)
-    from osm_cli import attention
+    from osm_cli.flash.forward import attention
 
     fwd = attention(q, k, v)
     np.save(tmp_path / "o.npy", fwd.out)

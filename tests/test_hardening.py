@@ -382,7 +382,7 @@ def test_attention_never_nan(case):
     q, k, v, mask, causal = case
     try:
         with numpy_warnings_raise():
-            res = osm_cli.attention(q, k, v, mask=mask, causal=causal)
+            res = osm_cli.attention(q, k, v, attn_mask=mask, causal=causal)
     except osm_cli.OsmError as exc:
         event("refused")
         assert str(exc)
@@ -430,7 +430,7 @@ def test_cancelling_products_are_refused(k, v):
     NaN or to a silently dropped key: a kernel's sum would overflow on the way too."""
     with numpy_warnings_raise(), pytest.raises(osm_cli.OsmError,
                                                match=r"scores overflow float64: \|scale\|"):
-        osm_cli.attention(np.array([[4.0, 4.0]]), k, v, scale=1.0)
+        osm_cli.attention(np.array([[4.0, 4.0]]), k, v, softmax_scale=1.0)
 
 
 def test_trace_norm_of_a_huge_output():

@@ -15,19 +15,16 @@ import math
 
 import numpy as np
 import pytest
+from conftest import rand
 
-from osm_cli import attention
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.forward import attention
 from osm_cli.flash.options import alibi_auto
 from osm_cli.flash.reference import reference, reference_backward
 from osm_cli.precision.check import check
 
 SAMPLES = "samples/kernels"
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape)
 
 
 def dense(q, k, v, *, causal=False, softcap=None, slopes=None, sinks=None, scale=None):
@@ -152,7 +149,7 @@ def test_one_varlen_sequence_is_the_dense_call():
     packed = attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
     plain = attention(q[None], k[None], v[None], layout="bnhd", causal=True)
     np.testing.assert_array_equal(packed.out, plain.out[0])
-    np.testing.assert_array_equal(packed.lse, plain.lse[0].T)
+    np.testing.assert_array_equal(packed.lse, plain.lse[0])
 
 
 @pytest.mark.parametrize("kv_layout", ["nhd", "hnd"])
@@ -171,7 +168,7 @@ def test_identity_page_table_is_dense(kv_layout):
         plain = attention(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], layout="bnhd",
                           causal=True)
         np.testing.assert_array_equal(paged.out[i], plain.out[0])
-        np.testing.assert_array_equal(paged.lse[i], plain.lse[0].T)
+        np.testing.assert_array_equal(paged.lse[i], plain.lse[0])
 
 
 def test_shuffled_pages_trace_their_physical_pages():
@@ -313,7 +310,7 @@ def test_softcap_after_the_mask_fails():
                                  enumerate("QKV")}, DTYPES["bfloat16"])
     k, v = k[:, :, :20], v[:, :, :20]  # t = 48 > s = 20: rows 0-27 see no key
     kw = dict(causal=True, softcap=30.0)
-    good = run_flash(model("bf16"), q, k, v, trace_at=None, schedule="fa2", **kw)
+    good = run_flash(model("bf16"), q, k, v, trace_at=None, kernel="fa2", **kw)
     assert check(good.out, q, k, v, "bf16", lse=good.lse, with_model=False, **kw).passed
     sc = np.einsum("bhtd,bhsd->bhts", q, k) / 4
     i, j = np.arange(48)[:, None], np.arange(20)[None, :]

@@ -298,17 +298,17 @@ def test_sweep_refusals(runner):
 
 
 def test_api_kernel():
-    from osm_cli import PRESETS, check, preset, run_kernel
-    from osm_cli.precision.model import model
+    from osm_cli import check
+    from osm_cli.kernels import PRESETS, run_kernel
     from osm_cli.testing import KERNELS, assert_attention_close
 
     assert KERNELS == ("fa2", "fa4", "fa4-sm100", "tiles") and set(PRESETS) == set(KERNELS)
     z = np.load("samples/kernels/fa4_plain_bf16.npz")
     q, k, v, o = (z[n] for n in ("q", "k", "v", "out"))
     assert_attention_close(o, q, k, v, dtype="bf16", layout="bnhd", kernel="fa4")
-    rep = check(o, q, k, v, "bf16", layout="bnhd", kernel="fa4")
+    rep = check(q, k, v, o, dtype="bf16", layout="bnhd", kernel="fa4")
     assert rep.kernel == "fa4" and rep.passed
-    res = run_kernel(preset("fa4"), model("bf16"), q, k, v, layout="bnhd", trace_at=None)
+    res = run_kernel(q, k, v, kernel="fa4", dtype="bf16", layout="bnhd", trace_at=None)
     assert res.kernel == "fa4"
     with pytest.raises(ValueError, match="fa4-sm100"):
         assert_attention_close(o, q, k, v, dtype="bf16", kernel="fa3")

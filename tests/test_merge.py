@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli import merge_partials
 from osm_cli.cli import app
+from osm_cli.core import merge_partials
 from osm_cli.core.merge import fold_merge, merge_detail, partials, tree_merge
 from osm_cli.core.reference import logsumexp, stable_softmax
 from osm_cli.core.state import block_state, finalize

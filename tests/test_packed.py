@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import rand
 
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.packed import (
@@ -18,10 +19,6 @@ from osm_cli.flash.packed import (
     scatter_lse,
     scatter_rows,
 )
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape)
 
 
 def test_varlen_sequences_and_round_trip():

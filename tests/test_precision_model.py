@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli import attention
 from osm_cli.errors import OsmError, ShapeError
+from osm_cli.flash.forward import attention
 from osm_cli.precision.dtypes import DTYPES, carrier, has_inf, round_inputs, round_to, rounding, ulp
 from osm_cli.precision.kernels import fa2_plan, run_flash
 from osm_cli.precision.lowtrace import trace_in

@@ -272,11 +272,11 @@ def test_check_bundle_errors(runner, tmp_path):
 def test_check_bundle_judges_its_gradients(runner, tmp_path):
     """do, dq, dk, dv in a bundle are judged as --do, --dq, --dk, --dv are: the float64
     gradients cast to fp16 pass; dQ off by 5 % in one row fails, and says which gradient."""
-    from osm_cli import attention_reference_backward
+    from osm_cli import attention_reference
 
     z = dict(np.load("samples/kernel_fp16.npz"))
     do = np.random.default_rng(5).normal(0, 1, z["q"].shape).astype(np.float16)
-    grads = attention_reference_backward(z["q"], z["k"], z["v"], do, causal=True)
+    grads = attention_reference(z["q"], z["k"], z["v"], dout=do, causal=True).grads
     dq, dk, dv = (g.astype(np.float16) for g in grads)
     np.savez(tmp_path / "fwd_bwd.npz", **z, do=do, dq=dq, dk=dk, dv=dv)
     r = invoke(runner, "check", tmp_path / "fwd_bwd.npz", "--causal")

@@ -136,13 +136,13 @@ def test_unknown_kernel_gradients_and_bad_input():
 def test_gradients_are_judged_too():
     """With do, the kernel's dq, dk, dv: the float64 gradients cast to bf16 pass; one dK row
     5 % off fails, and the message names dK's rule."""
-    from osm_cli import attention_reference_backward
+    from osm_cli import attention_reference
 
     out, q, k, v, lse = _kernel()
     do = np.random.default_rng(7).normal(0, 1, q.shape).astype(np.float32)
     b = ml_dtypes.bfloat16
     do = do.astype(b).astype(np.float32)
-    dq, dk, dv = (g.astype(b) for g in attention_reference_backward(q, k, v, do, causal=True))
+    dq, dk, dv = (g.astype(b) for g in attention_reference(q, k, v, dout=do, causal=True).grads)
     assert_attention_close(out, q, k, v, lse=lse, do=do, dq=dq, dk=dk, dv=dv, dtype="bf16",
                            causal=True)
     dk = dk.copy()

@@ -45,7 +45,7 @@ from .packed import (
     scatter_rows,
 )
 from .plan import Plan, _norm, make_plan, walk
-from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht
+from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht, lse_from_bhnd
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
     dv = dv_h.sum(axis=1).reshape(b, hk, s, dv_dim)
     nq, nk, nv = np.ndim(q), np.ndim(k), np.ndim(v)
     lay = opts.layout
-    d_out = from_bhnd(saved.d.reshape(b, hq, t)[..., None], nq, lay)[..., 0]
+    d_out = lse_from_bhnd(saved.d.reshape(b, hq, t), nq)  # shaped like attention's LSE
     kinds = [kd for tile in grads.tiles for kd in tile.kinds]
     skipped = kinds.count("skip")
     th = plan.traced[1]

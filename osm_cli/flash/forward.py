@@ -50,7 +50,7 @@ from .options import (
 )
 from .packed import about, each_sequence, plan_packing, scatter_lse, scatter_rows, tile_pages
 from .plan import Counts, Plan, make_plan, q_groups, q_rows, row_step, sink_step, tiles
-from .shapes import from_bhnd
+from .shapes import from_bhnd, lse_from_bhnd
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
         lse5[empty] = MASKED_LSE[masked_lse]
     nd = np.asarray(q).ndim
     out = from_bhnd(out5.reshape(b, hq, t, out5.shape[-1]), nd, opts.layout)
-    lse = from_bhnd(lse5.reshape(b, hq, t)[..., None], nd, opts.layout)[..., 0]
+    lse = lse_from_bhnd(lse5.reshape(b, hq, t), nd)  # FlashAttention's (B, H, t), any layout
     tb, th, ti = plan.traced
     trace_out = None if tb < 0 else out5[tb, th // g, th % g, ti].copy()
     return Attention(

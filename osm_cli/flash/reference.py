@@ -29,7 +29,15 @@ from .masks import alibi_bias, check_score_range, make_band, scale_q, score_tile
 from .options import MASKED_LSE, ScoreOptions, split_options
 from .packed import each_sequence, plan_packing, scatter_kv, scatter_lse, scatter_rows
 from .plan import per_head
-from .shapes import bhnd_inputs, broadcast_mask, check_finite, from_bhnd, kv_head, like_bhnd
+from .shapes import (
+    bhnd_inputs,
+    broadcast_mask,
+    check_finite,
+    from_bhnd,
+    kv_head,
+    like_bhnd,
+    lse_from_bhnd,
+)
 
 
 def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None = None,
@@ -67,7 +75,7 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
         out, lse = _one_shot(q4, k4[:, heads], v4[:, heads], opts.scale_for(d), visible,
                              full_mask, rnd=rnd, carry=carry, mods=mods)
     nd = np.asarray(q).ndim
-    return from_bhnd(out, nd, opts.layout), from_bhnd(lse[..., None], nd, opts.layout)[..., 0]
+    return from_bhnd(out, nd, opts.layout), lse_from_bhnd(lse, nd)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,12 @@ def from_bhnd(x: np.ndarray, like_ndim: int, layout: str) -> np.ndarray:
     return x.reshape(x.shape[4 - like_ndim:]) if like_ndim < 4 else x
 
 
+def lse_from_bhnd(lse: np.ndarray, like_ndim: int) -> np.ndarray:
+    """A (B, H, t) LSE (or D) as FlashAttention returns it for inputs of like_ndim axes, whatever
+    their layout: (B, H, t), (H, t) or (t,) (docs/numerics.md#layouts)."""
+    return lse.reshape(lse.shape[4 - like_ndim:]) if like_ndim < 4 else lse
+
+
 def check_inputs(q, k, v) -> None:
     """Shape and dtype rules of attention, as one clear error each."""
     for name, x in (("Q", q), ("K", k), ("V", v)):
@@ -147,14 +153,16 @@ def like_bhnd(x, name: str, shape: tuple, layout: str) -> np.ndarray:
 
 
 def lse_bht(lse, name: str, bht: tuple, like_ndim: int, layout: str) -> np.ndarray:
-    """An LSE as (B, H, t): shaped like attention's own (Q's shape without d), or for bnhd
-    inputs also FlashAttention's (B, H, t); a ShapeError naming it otherwise."""
+    """An LSE as (B, H, t): shaped as attention returns it (FlashAttention's (B, H, t) with
+    Q's missing leading axes dropped), or for bnhd inputs also as Q's shape without d (osm
+    0.2's); a ShapeError naming it otherwise."""
     lse = np.asarray(lse)
-    own = _shaped((*bht, 1), like_ndim, layout)[:-1]
+    own = _shaped((*bht, 1), like_ndim, "bhnd")[:-1]
     if lse.shape == own:
+        return as_bhnd(lse[..., None], "bhnd", name)[..., 0]
+    old = _shaped((*bht, 1), like_ndim, layout)[:-1]
+    if lse.shape == old:
         return as_bhnd(lse[..., None], layout, name)[..., 0]
-    if layout == "bnhd" and like_ndim == 4 and lse.shape == tuple(bht):
-        return lse
     raise ShapeError(f"{name} has shape {tuple(lse.shape)}; these Q, K, V give an LSE of "
                      f"shape {own}")
 
@@ -175,5 +183,5 @@ def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:
 
 __all__ = [
     "as_bhnd", "bhnd_inputs", "broadcast_mask", "check_finite", "check_inputs", "check_traced",
-    "from_bhnd", "kv_head", "like_bhnd", "lse_bht", "row_of",
+    "from_bhnd", "kv_head", "like_bhnd", "lse_bht", "lse_from_bhnd", "row_of",
 ]

@@ -82,8 +82,8 @@ def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
     traced = unsplit.traced
     rows = []
     for n, (p, a, b) in enumerate(zip(parts, edges[:-1], edges[1:], strict=True)):
-        w = as_bhnd(merged.weights[n][..., None], layout, "weights")[..., 0]
-        rows.append(Split(n, int(a), int(b), float(row_of(p.lse[..., None], traced, layout)[0]),
+        w = as_bhnd(merged.weights[n][..., None], "bhnd", "weights")[..., 0]  # LSE-shaped
+        rows.append(Split(n, int(a), int(b), float(row_of(p.lse[..., None], traced, "bhnd")[0]),
                           float(w[traced]), row_of(p.out, traced, layout)[:O_SHOWN].astype(float)))
     return SplitRun(out, lse, tuple(rows), max_abs_diff(out, unsplit.out),
                     max_abs_diff(lse, unsplit.lse))

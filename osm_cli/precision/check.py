@@ -72,7 +72,8 @@ class CheckReport:
 
 
 def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarray:
-    """An LSE shaped like osm's (ref_lse), or (B, H, t) as FlashAttention returns it for bnhd."""
+    """An LSE shaped like osm's (ref_lse: FlashAttention's (B, H, t)), or for bnhd inputs as
+    Q's shape without d (osm 0.2's (B, t, H))."""
     lse = np.asarray(lse)
     if lse.shape == ref_lse.shape:
         return lse
@@ -180,7 +181,8 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
     with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
         row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
     if lse_err is not None:
-        lse_err = rows_view(lse_err[..., None], layout, lse=True)[..., 0]
+        lse_view = "bhnd" if layout == "bnhd" else layout  # the LSE is (B, H, t) for both
+        lse_err = rows_view(lse_err[..., None], lse_view, lse=True)[..., 0]
     over = ~(row_err <= bound)
     rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
     rows = []

@@ -3,8 +3,7 @@
 `run_flash(m, q, k, v, kernel=...)` is the flash model of dtype-valued inputs under a kernel's
 schedule and arithmetic: "fa2", "fa4" and "fa4-sm100" run the preset's loop (presets.py,
 emulate.py); "tiles" runs flash/'s own loop (block_q, block_k and the tile order as given,
-exp(S − m), O / l) with P rounded and O / l rounded (model.py). `schedule=` is the older name of
-`kernel=` (docs/numerics.md#kernel-presets).
+exp(S − m), O / l) with P rounded and O / l rounded (model.py). (docs/numerics.md#kernel-presets).
 Leaves out: where values are rounded (model.py), the verdict (rule.py).
 
 Example: run_flash(model("bf16"), q, k, v, kernel="fa4", causal=True).out
@@ -20,10 +19,8 @@ from .model import Model, finish
 from .names import KERNELS
 from .presets import SMS, fa2_plan, preset
 
-SCHEDULES = KERNELS  # the names run_flash answers to
 
-
-def run_flash(m: Model, q, k, v, *, kernel: str | None = None, schedule: str | None = None,
+def run_flash(m: Model, q, k, v, *, kernel: str | None = None,
               sms: int = SMS, **kwargs) -> Attention:
     """The flash model of `kernel` (default "tiles") on q, k, v, which should already hold the
     dtype's values (round_inputs); kwargs are attention's (opts, tiling or their fields,
@@ -33,7 +30,7 @@ def run_flash(m: Model, q, k, v, *, kernel: str | None = None, schedule: str | N
     its arithmetic (exp2 on an FMA, the reciprocal) the last bits: a preset matches its kernel
     element by element far more often than osm's own tiles do.
     """
-    name = kernel or schedule or "tiles"
+    name = kernel or "tiles"
     if name not in KERNELS:
         raise OsmError(f"unknown kernel {name!r}; the presets are {', '.join(KERNELS)}")
     if name == "tiles":
@@ -45,4 +42,4 @@ def run_flash(m: Model, q, k, v, *, kernel: str | None = None, schedule: str | N
     return run_kernel(preset(name), m, q, k, v, sms=sms, **kwargs)
 
 
-__all__ = ["SCHEDULES", "SMS", "fa2_plan", "run_flash"]
+__all__ = ["SMS", "fa2_plan", "run_flash"]

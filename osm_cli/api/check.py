@@ -1,0 +1,82 @@
+"""`check` in FlashAttention's words: a kernel's output (and LSE, and gradients) judged by
+FlashAttention's test rules against the float64 reference of the dtype-rounded inputs, the
+kernel's precision model beside (precision/check.py judges; `osm check` prints the report).
+
+Leaves out: the rules (precision/rule.py, gradcheck.py), printing (present/verdicts.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from osm_cli.precision.check import CheckReport
+
+from .keywords import descale, documented, scores_of
+
+
+@documented()
+def check(
+    q, k, v, out, *, lse=None, dout=None, dq=None, dk=None, dv=None,
+    softmax_scale: float | None = None, causal: bool = False,
+    window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+    learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
+    layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
+    attn_mask=None, dtype: str | None = None, kernel: str | None = None,
+    mma: str | None = None, q_descale=None, k_descale=None, v_descale=None,
+    grad_rule: str = "fa3", top: int = 5, with_model: bool = True,
+) -> CheckReport:
+    """Judge a kernel's `out` (and `lse`, and `dq`, `dk`, `dv` for `dout`) for inputs q, k, v
+    by FlashAttention's test rule (docs/numerics.md#precision-model, #grad-rule).
+
+    Parameters
+    ----------
+    q, k, v : array
+        The kernel's inputs, as `attention`'s; rounded to dtype (values already in it stay).
+    out : array
+        The kernel's output, shaped like Q (dv last).
+    lse : array, optional
+        The kernel's LSE: (B, H, N) as FlashAttention returns it (for bnhd inputs also
+        (B, N, H)), (H, total_q) for a varlen batch.
+    dout, dq, dk, dv : array, optional
+        The upstream gradient and the kernel's gradients for it (any of dq, dk, dv).
+    {score}
+    dtype : str, optional
+        The kernel's dtype ("bf16", "fp16", "e4m3", …); None: out's own.
+    kernel : {{"fa2", "fa4", "fa4-sm100", "tiles"}}, optional
+        The kernel whose model runs beside; None: fa2 for 16-bit, fa4-sm100 for FP8.
+    mma : {{"blas", "tensor-core"}}, optional
+        How that model's matmuls round.
+    q_descale, k_descale, v_descale : array (B, Hkv), optional
+        FP8's descale factors: q, k, v hold x / descale.
+    grad_rule : {{"fa3", "fa2"}}
+        The backward rule dq, dk, dv are judged by (FA3/FA4's tests, or FA2's).
+    top : int
+        The worst rows and heads the report keeps.
+    with_model : bool
+        Run the kernel's model beside (its error is what a faithful kernel errs).
+
+    Returns
+    -------
+    CheckReport
+        `.passed`, the verdict with its bound, the worst rows and heads, `.grads`.
+
+    Examples
+    --------
+    >>> import numpy as np, osm_cli
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((1, 2, 8, 16)).astype(np.float16) for _ in range(3))
+    >>> r = osm_cli.attention(q, k, v, dtype="fp16", causal=True)
+    >>> osm_cli.check(q, k, v, r.out, lse=r.lse, dtype="fp16", causal=True).passed
+    True
+    """
+    from osm_cli.precision.check import check as judge
+    from osm_cli.precision.check import output_dtype
+
+    opts = scores_of(locals())
+    return judge(out, q, k, v, dtype if dtype is not None else output_dtype(np.asarray(out), "out"),
+                 lse=lse, do=dout, dq=dq, dk=dk, dv=dv, top=top, with_model=with_model,
+                 grad_rule=grad_rule, opts=opts, kernel=kernel, mma=mma or "blas",
+                 descale=descale(q_descale, k_descale, v_descale))
+
+
+__all__ = ["check"]
