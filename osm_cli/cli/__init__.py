@@ -18,7 +18,8 @@ from . import attention as _attention
 from . import backward as _backward
 from . import tools as _tools
 from . import trace as _trace
-from .options import PLOT_LIMIT
+from .options import PLOT_LIMIT, VersionOpt
+from .panels import PanelledCommand
 
 app = typer.Typer(
     name="osm",
@@ -28,15 +29,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command()(_trace.trace)
-app.command()(_attention.attention)
-app.command()(_backward.backward)
+
+
+@app.callback()
+def _osm(version: VersionOpt = False) -> None:
+    """Explore the online softmax at the heart of FlashAttention, step by step."""
+
+
+command = app.command(cls=PanelledCommand)  # options in panels (panels.py)
+command(_trace.trace)
+command(_attention.attention)
+command(_backward.backward)
 # Negative scores are arguments here, not options: `osm overflow-demo -inf -1 2`.
-app.command("overflow-demo", context_settings={"ignore_unknown_options": True})(
-    _trace.overflow_demo)
-app.command()(_tools.merge)
-app.command()(_tools.sweep)
-app.command()(_tools.cost)
-app.command()(_attention.check)
+app.command("overflow-demo", cls=PanelledCommand,
+            context_settings={"ignore_unknown_options": True})(_trace.overflow_demo)
+command(_tools.merge)
+command(_tools.sweep)
+command(_tools.cost)
+command(_attention.check)
 
 __all__ = ["PLOT_LIMIT", "app"]

@@ -110,6 +110,17 @@ def finite_scale(value: float | None) -> float | None:
     return value
 
 
+def show_version(value: bool) -> None:
+    """--version: print osm's version and exit."""
+    if value:
+        from osm_cli import __version__
+
+        typer.echo(f"osm {__version__}")
+        raise typer.Exit()
+
+
+VersionOpt = Annotated[bool, typer.Option(
+    "--version", callback=show_version, is_eager=True, help="Print osm's version and exit.")]
 # Every command but overflow-demo.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print strict JSON instead.")]
 # Options that attention, check, sweep and trace share.
@@ -119,7 +130,7 @@ CausalAlignOpt = Annotated[
                         "(PyTorch is_causal) when Q and K lengths differ.")
 ]
 WindowOpt = Annotated[
-    str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT: keys seen on each "
+    str | None, typer.Option("--window", "--window-size", help="Sliding window LEFT,RIGHT: keys seen on each "
                              "side of the diagonal (-1 = unbounded).")
 ]
 MaskOpt = Annotated[
@@ -127,7 +138,8 @@ MaskOpt = Annotated[
                              "bool (True = attend) or float (added to the scores).")
 ]
 ScaleOpt = Annotated[float | None, typer.Option(
-    "--scale", callback=finite_scale, help="Score scale (default 1/sqrt(d)).")]
+    "--scale", "--softmax-scale", callback=finite_scale,
+    help="Score scale (default 1/sqrt(d)).")]
 LayoutOpt = Annotated[
     Layout, typer.Option("--layout", help="bhnd (PyTorch) or bnhd (FlashAttention).")
 ]
@@ -211,7 +223,7 @@ AlibiOpt = Annotated[str | None, typer.Option(
     "--alibi", metavar="SLOPES.npy|auto", help="ALiBi: −slope·|i + s − t − j| added to the "
     "scaled scores; slopes (H,) or (B, H), or auto for the standard geometric ones.")]
 SinksOpt = Annotated[str | None, typer.Option(
-    "--sinks", metavar="SINKS.npy", help="Attention sinks: one logit per query head (H,), in "
+    "--sinks", "--learnable-sink", metavar="SINKS.npy", help="Attention sinks: one logit per query head (H,), in "
     "the softmax's denominator only.")]
 CuSeqlensQOpt = Annotated[str | None, typer.Option(
     "--cu-seqlens-q", metavar="F.npy", help="varlen: Q packed (total_q, H, d); sequence b is "

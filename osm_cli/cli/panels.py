@@ -1,0 +1,68 @@
+"""The groups `--help` lists a command's options in (typer's rich_help_panel), one table for
+every command, and the click command class that prints them as sections of plain help (osm's
+help stays plain text: `osm --help` loads no rich, tests/test_api.py).
+
+An option declared with its own rich_help_panel keeps it; the others take PANELS' group for
+their parameter name (COMMAND_PANELS where one command means something else by the name);
+the rest are listed under "Options".
+Leaves out: the options themselves (options.py), the commands.
+"""
+
+from __future__ import annotations
+
+import typer.core
+
+# panel -> the parameter names it groups, in the order the panels are printed
+PANELS = {
+    "Scores": ("values",),
+    "Masking": ("causal", "causal_align", "window", "mask", "scale", "layout"),
+    "Tiling": ("block", "blocks", "block_q", "block_k", "form", "order", "seed", "splits",
+               "rescale_threshold"),
+    "Trace": ("row", "batch", "head", "query", "key", "seq", "show_all", "step"),
+    "Precision & kernel": ("dtype", "precision", "accum", "kernel", "mma", "masked_lse",
+                           "input_dtype", "grad_rule", "no_model", "no_reference", "lse_base"),
+    "Kernel inputs": ("softcap", "alibi", "sinks", "sink", "cu_seqlens_q", "cu_seqlens_k",
+                      "seqused_k", "page_table", "kv_layout", "q_descale", "k_descale",
+                      "v_descale"),
+    "Kernel tensors": ("o_path", "lse", "do", "dq", "dk", "dv", "dq_path", "dk_path",
+                       "dv_path"),
+    "Cost model": ("seq_len", "head_dim", "heads", "dtype_bytes", "sram"),
+    "Output": ("as_json", "csv", "plot", "svg", "html", "out_path", "lse_path", "top"),
+}
+# where a command's name means another thing: backward's --lse reads the forward's LSE, cost's
+# --batch is the batch size
+COMMAND_PANELS = {
+    "backward": {"lse_path": "Kernel tensors"},
+    "cost": {"batch": "Cost model"},
+}
+_PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
+
+
+def panel_of(command: str | None, name: str | None) -> str:
+    """The group an option of `command` called `name` is listed in."""
+    return COMMAND_PANELS.get(command or "", {}).get(name) or _PANEL_OF.get(name, "Options")
+
+
+class PanelledCommand(typer.core.TyperCommand):
+    """A command whose --help lists its options in panels (PANELS' order, then Options)."""
+
+    def format_options(self, ctx, formatter) -> None:
+        args, groups = [], {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                args.append(record)
+                continue
+            panel = getattr(param, "rich_help_panel", None) or panel_of(self.name, param.name)
+            groups.setdefault(panel, []).append(record)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
+        for panel in sorted(groups, key=lambda p: [*PANELS, p].index(p)):
+            with formatter.section(panel):
+                formatter.write_dl(groups[panel])
+
+
+__all__ = ["COMMAND_PANELS", "PANELS", "PanelledCommand", "panel_of"]

@@ -1,0 +1,74 @@
+"""The command line's help in panels, its version, and FlashAttention's flag names beside
+osm's (issue 20, item 6)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import osm
+
+import osm_cli
+from osm_cli.cli.panels import PANELS, panel_of
+
+COMMANDS = ("trace", "attention", "backward", "overflow-demo", "merge", "sweep", "cost",
+            "check")
+
+
+def sections(text: str) -> list[str]:
+    """The help's section headings ("Masking:", …), in order."""
+    return re.findall(r"^([A-Z][\w &]*):$", text, flags=re.M)
+
+
+def test_attention_help_groups_its_options_in_panels_at_80_columns():
+    r = osm("attention", "--help", width=80)
+    assert r.exit_code == 0
+    assert sections(r.stdout) == ["Arguments", "Masking", "Tiling", "Trace",
+                                  "Precision & kernel", "Kernel inputs", "Output", "Options"]
+    assert max(map(len, r.stdout.splitlines())) <= 80
+    masking = r.stdout.split("\nMasking:\n")[1].split("\n\n")[0]
+    assert "--causal " in masking and "--mma" not in masking and "--page-table" not in masking
+    kernel_inputs = r.stdout.split("\nKernel inputs:\n")[1].split("\n\n")[0]
+    assert "--page-table" in kernel_inputs and "--softcap" in kernel_inputs
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_lists_its_options_in_known_panels(command):
+    r = osm(command, "--help", width=80)
+    assert r.exit_code == 0, r.output
+    heads = sections(r.stdout)
+    assert heads[-1] == "Options"  # -h, --help alone
+    assert set(heads) <= {"Usage", "Arguments", "Examples", "Options", *PANELS}, heads
+    options = r.stdout.split("\nOptions:\n")[1]
+    assert options.strip().splitlines()[0].lstrip().startswith("-h, --help")
+    assert len(options.strip().splitlines()) == 1
+
+
+def test_one_name_two_meanings_is_placed_per_command():
+    assert panel_of("attention", "lse_path") == "Output"  # attention --lse writes it
+    assert panel_of("backward", "lse_path") == "Kernel tensors"  # backward --lse reads it
+    assert panel_of("cost", "batch") == "Cost model" and panel_of("attention", "batch") == "Trace"
+
+
+def test_version():
+    r = osm("--version")
+    assert (r.exit_code, r.stdout) == (0, f"osm {osm_cli.__version__}\n")
+    assert osm_cli.__version__ == "0.3.0"
+
+
+@pytest.mark.parametrize(("old", "new", "value"), [
+    ("--scale", "--softmax-scale", "0.25"),
+    ("--window", "--window-size", "2,0"),
+    ("--sinks", "--learnable-sink", "samples/sinks.npy"),
+])
+def test_flash_attention_flag_names_are_the_same_option(old, new, value, tmp_path):
+    if value.endswith(".npy"):
+        import numpy as np
+
+        value = str(tmp_path / "sinks.npy")
+        np.save(value, np.array([0.5, -1.0]))
+    base = ("attention", "samples/qkv.npz", "--causal", "--json", "--no-reference", "--query", "5")
+    a, b = osm(*base, old, value), osm(*base, new, value)
+    assert a.exit_code == 0, a.output
+    assert a.stdout == b.stdout
+    assert a.stdout != osm(*base).stdout  # the option did something
