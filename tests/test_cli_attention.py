@@ -120,7 +120,8 @@ def test_out_and_lse_files_equal_the_api(runner, tmp_path):
 
 
 def test_out_and_lse_bnhd_gqa_masked_rows(runner, tmp_path):
-    """(B, N, H, d) with GQA and t > s bottom-right causal: LSE is (B, t, H), +inf on empty rows."""
+    """(B, N, H, d) with GQA and t > s bottom-right causal: LSE is FlashAttention's (B, H, t),
+    +inf on empty rows."""
     q, k, v = rand(2, 6, 4, 3, seed=1), rand(2, 4, 2, 3, seed=2), rand(2, 4, 2, 5, seed=3)
     paths = write(tmp_path, q=q, k=k, v=v)
     o_path, lse_path = tmp_path / "o.npy", tmp_path / "lse.npy"
@@ -129,10 +130,10 @@ def test_out_and_lse_bnhd_gqa_masked_rows(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     res = attention(q, k, v, layout="bnhd", causal=True, masked_lse="pos-inf", block_k=3)
     o, lse = np.load(o_path), np.load(lse_path)
-    assert o.shape == (2, 6, 4, 5) and lse.shape == (2, 6, 4)
+    assert o.shape == (2, 6, 4, 5) and lse.shape == (2, 4, 6)
     np.testing.assert_array_equal(o, res.out)
     np.testing.assert_array_equal(lse, res.lse)
-    assert np.isposinf(lse[:, :2]).all() and (o[:, :2] == 0).all()  # rows 0, 1 see no key
+    assert np.isposinf(lse[:, :, :2]).all() and (o[:, :2] == 0).all()  # rows 0, 1 see no key
     assert np.isfinite(lse[:, 2:]).all()
     assert "16 (output 0, LSE pos-inf)" in result.stdout  # 2 batches × 4 heads × 2 rows
 

@@ -142,7 +142,7 @@ def test_fp8_on_fa2_names_both():
     with pytest.raises(OsmError) as exc:
         run_flash(model("e4m3"), q, k, v, kernel="fa2")
     assert str(exc.value) == ("kernel fa2 takes float16, bfloat16 inputs, not float8_e4m3fn "
-                              "(FP8: --kernel fa4-sm100); --kernel tiles runs any dtype in osm's "
+                              "(FP8: `kernel` fa4-sm100); `kernel` tiles runs any dtype in osm's "
                               "own loop")
 
 
@@ -151,7 +151,7 @@ def test_alibi_on_fa4_is_refused():
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa4", alibi_slopes=np.array([0.5], F32))
     assert str(exc.value) == ("kernel fa4 (FlashAttention-4 SM90 forward (flash_attn.cute, "
-                              "Hopper)) takes no --alibi (ALiBi slopes); --kernel tiles runs it "
+                              "Hopper)) takes no `alibi_slopes` (ALiBi slopes); `kernel` tiles runs it "
                               "in osm's own loop")
 
 
@@ -160,7 +160,7 @@ def test_float_mask_on_a_preset_is_refused():
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa2", mask=np.zeros((8, 64), F32))
     assert str(exc.value) == ("kernel fa2 (FlashAttention-2 forward (PyTorch's flash SDPA "
-                              "backend)) takes no float mask (an added bias); --kernel tiles "
+                              "backend)) takes no float mask (an added bias); `kernel` tiles "
                               "runs it in osm's own loop")
 
 

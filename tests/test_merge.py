@@ -352,5 +352,5 @@ def test_merge_report_row():
     assert rep.row_lses == (np.inf, 2.0)
     np.testing.assert_array_equal(rep.merged.lse, merge_detail(outs, lses).lse)
     assert rep.stats == split_stats(rep.merged, lses)
-    with pytest.raises(InputError, match="--row 3 is out of range; the partials have 3 row"):
+    with pytest.raises(InputError, match="`row` 3 is out of range; the partials have 3 row"):
         merge_report(outs, lses, row=3)

@@ -113,7 +113,7 @@ def test_attention_report_with_a_model():
     rep = attention_report(q16, k16, v16, ScoreOptions(**MASK), Tiling(), model=m, notes=notes)
     assert rep.model is m and rep.notes == notes and rep.verdict.passed
     assert rep.stored_out.dtype == np.float16
-    with pytest.raises(OsmError, match="--splits needs the tiled run"):
+    with pytest.raises(OsmError, match="`splits` needs the tiled run"):
         attention_report(q16, k16, v16, ScoreOptions(**MASK), Tiling(),
                          model=model("fp16", "naive"), splits=2)
 

@@ -156,7 +156,7 @@ def attention(
     from osm_cli.precision.model import prepare
     from osm_cli.present import attention as render
     from osm_cli.present import json as documents
-    from osm_cli.reports.attention import attention_report, kernel_for, preset_refusals
+    from osm_cli.reports.attention import attention_report
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
     q, k, v = io.load_qkv(files, input_dtype)
@@ -170,10 +170,7 @@ def attention(
     if lab is not None and lab.precision == "naive" and (csv or plot or step):
         raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
                        "naive is one-shot attention")
-    name = kernel_for(lab, kernel and kernel.value, opts)
     scales = descales(q_descale, k_descale, v_descale)
-    preset_refusals(name or "tiles", order=order.value, form=form.value, splits=splits,
-                    block_q=block_q, descale=scales, dtype=lab and lab.name)
     need_plot(plot)
     tiling = Tiling(block_q=block_q, block_k=block_k, form=form.value)
     with progress() as tick:
@@ -257,7 +254,7 @@ def check(
     from osm_cli import io
     from osm_cli.precision.check import check as judge
     from osm_cli.precision.check import output_dtype
-    from osm_cli.precision.presets import default_kernel, refuse_mma
+    from osm_cli.precision.presets import default_kernel
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
@@ -272,15 +269,12 @@ def check(
         held = io.bundle_inputs(files[0])
         opts = replace(opts, **{n: x for n, x in held.items() if getattr(opts, n) is None})
     from osm_cli.precision.dtypes import dtype_name, resolve_dtype
-    from osm_cli.reports.attention import preset_refusals
 
     dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
     if dtype is None and kernel not in (None, Kernel.tiles) and dname == "float32":
         dname = dt = fitting_16bit(o, t["q"], t["k"], t["v"], kernel.value) or dt
     kname = (kernel and kernel.value) or default_kernel(dname, opts)
     scales = descales(q_descale, k_descale, v_descale)
-    preset_refusals(kname, descale=scales, dtype=dname)
-    refuse_mma(kname, mma.value)
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
                 opts=opts, grad_rule=grad_rule.value, kernel=kname, mma=mma.value,
                 descale=scales, **t)

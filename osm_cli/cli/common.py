@@ -24,6 +24,8 @@ import typer
 
 from osm_cli.errors import OsmError
 
+from .flags import as_flags
+
 
 class Screen:
     """The stdout (or stderr) console of the command running now, made when it first prints, so
@@ -182,7 +184,7 @@ def guarded(fn):
             fail("standard output is closed; osm prints its results there (redirect it to a "
                  "file or /dev/null instead)")
         except OsmError as exc:
-            fail(str(exc))
+            fail(as_flags(str(exc)))  # the library's `parameter` names as flags
         except MemoryError:
             fail("out of memory; try smaller inputs or blocks")
         except (typer.Exit, typer.Abort, KeyboardInterrupt):

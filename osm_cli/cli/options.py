@@ -130,8 +130,8 @@ CausalAlignOpt = Annotated[
                         "(PyTorch is_causal) when Q and K lengths differ.")
 ]
 WindowOpt = Annotated[
-    str | None, typer.Option("--window", "--window-size", help="Sliding window LEFT,RIGHT: keys seen on each "
-                             "side of the diagonal (-1 = unbounded).")
+    str | None, typer.Option("--window", "--window-size", help="Sliding window LEFT,RIGHT: "
+                             "keys seen on each side of the diagonal (-1 = unbounded).")
 ]
 MaskOpt = Annotated[
     str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
@@ -223,8 +223,8 @@ AlibiOpt = Annotated[str | None, typer.Option(
     "--alibi", metavar="SLOPES.npy|auto", help="ALiBi: −slope·|i + s − t − j| added to the "
     "scaled scores; slopes (H,) or (B, H), or auto for the standard geometric ones.")]
 SinksOpt = Annotated[str | None, typer.Option(
-    "--sinks", "--learnable-sink", metavar="SINKS.npy", help="Attention sinks: one logit per query head (H,), in "
-    "the softmax's denominator only.")]
+    "--sinks", "--learnable-sink", metavar="SINKS.npy", help="Attention sinks: one logit per "
+    "query head (H,), in the softmax's denominator only.")]
 CuSeqlensQOpt = Annotated[str | None, typer.Option(
     "--cu-seqlens-q", metavar="F.npy", help="varlen: Q packed (total_q, H, d); sequence b is "
     "rows cu[b]:cu[b+1] (int, length B + 1, from 0).")]

@@ -157,14 +157,12 @@ def sweep(
                        "online softmax alone")
     if qkv:
         from osm_cli.precision.dtypes import shared_narrow
-        from osm_cli.reports.attention import preset_refusals
 
         opts = score_options(causal, causal_align, window, mask, scale, layout)
         q, k, v = io.load_qkv(files, input_dtype)
         name = kernel and kernel.value
         if name not in (None, "tiles"):
             dtype = dtype or shared_narrow(q, k, v)  # bf16 or FP8 inputs: their model
-            preset_refusals(name, block_q=block_q)
         res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
                               dtype_bytes=dtype_bytes, sram_bytes=sram, opts=opts, dtype=dtype,
                               kernel=name, mma=mma.value)

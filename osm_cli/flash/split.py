@@ -71,7 +71,7 @@ def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
     splitting.
     """
     if splits < 1:
-        raise InputError(f"--splits must be at least 1, not {splits}")
+        raise InputError(f"`splits` must be at least 1, not {splits}")
     layout = layout_of(kwargs)
     s = as_bhnd(np.asarray(k), layout, "K").shape[2]
     edges = split_edges(s, splits)

@@ -104,7 +104,7 @@ def view_raw(arr: np.ndarray, name: str, raw_as: str | None) -> np.ndarray:
     name_of, dt = resolve_dtype(raw_as)
     if dt.itemsize != arr.dtype.itemsize:
         raise InputError(f"{name}: holds raw {arr.dtype.itemsize}-byte values "
-                         f"({arr.dtype.str}); --input-dtype {raw_as} is {dt.itemsize}-byte "
+                         f"({arr.dtype.str}); `input_dtype` {raw_as} is {dt.itemsize}-byte "
                          f"{name_of}")
     return arr.view(dt)
 
@@ -218,13 +218,13 @@ def check_not_void(arr: np.ndarray, name: str) -> None:
     if dt.fields is None and dt.itemsize == 2:
         raise InputError(
             f"{name}: holds raw 2-byte values ({dt.str}), as ml_dtypes writes bfloat16 to .npy "
-            "without its type; pass --input-dtype bf16 (or fp16) to read them as that, or save "
+            "without its type; pass `input_dtype` bf16 (or fp16) to read them as that, or save "
             "the file as .safetensors or float32"
         )
     if dt.fields is None and dt.itemsize == 1:
         raise InputError(
             f"{name}: holds raw 1-byte values ({dt.str}), as ml_dtypes writes float8 to .npy "
-            "without its type; pass --input-dtype e4m3 (or e5m2) to read them as that, or save "
+            "without its type; pass `input_dtype` e4m3 (or e5m2) to read them as that, or save "
             "the file as .safetensors or float32"
         )
     raise InputError(f"{name}: has dtype {dt}; osm needs a numeric array")
@@ -303,10 +303,10 @@ def load_scores(source: str | None, values: str | None = None,
     raw_as: the dtype of raw-byte .npy values (load_array)."""
     if values is not None:
         if source is not None:
-            raise InputError("give either a SCORES file or --values, not both")
+            raise InputError("give either a SCORES file or `values`, not both")
         return check_scores(parse_text(values, "--values"), "--values"), "--values"
     if source is None:
-        raise InputError("no scores given: pass a file, '-' for standard input, or --values")
+        raise InputError("no scores given: pass a file, '-' for standard input, or `values`")
     if source == "-":
         return check_scores(parse_text(read_stdin(), "<stdin>"), "<stdin>"), "<stdin>"
     path = Path(source)

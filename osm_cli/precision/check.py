@@ -21,7 +21,7 @@ from osm_cli.flash.shapes import as_bhnd
 from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
 from .kernels import run_flash
 from .model import model, plain
-from .presets import default_kernel
+from .presets import default_kernel, preset_refusals
 from .rule import Verdict, judged, lse_errors, max_abs
 
 
@@ -100,6 +100,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     """
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
+    kname = kernel or default_kernel(dtype_name(dt), opts)
+    preset_refusals(kname, descale=descale, dtype=dtype_name(dt), mma=mma)  # with the model or not
     given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv)) if g is not None}
     if given and do is None:
         raise OsmError("judging gradients needs dO, the upstream gradient they were computed "
@@ -126,8 +128,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
     model_err, name = None, None
     if with_model:
-        m = model(dtype_name(dt))
-        name = kernel or default_kernel(m.name, opts)
+        m, name = model(dtype_name(dt)), kname
         extra = {} if name == "tiles" else {"mma": mma, "descale": descale}
         model_err = max_abs(run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts,
                                        **extra).out - ref)
@@ -157,11 +158,11 @@ def descaled_inputs(q, k, v, descale, opts: ScoreOptions):
     for x, f, name in ((q, descale.q, "q"), (k, descale.k, "k"), (v, descale.v, "v")):
         f = np.asarray(f)
         if f.shape != (b, hk):
-            raise OsmError(f"--{name}-descale has shape {tuple(f.shape)}; it must be (B, Hkv) "
+            raise OsmError(f"`{name}_descale` has shape {tuple(f.shape)}; it must be (B, Hkv) "
                            f"= ({b}, {hk})")
         f = f.astype(np.float64)
         if not (np.isfinite(f).all() and (f > 0).all()):
-            raise OsmError(f"--{name}-descale must hold finite positive factors")
+            raise OsmError(f"`{name}_descale` must hold finite positive factors")
         x64 = np.array(x, dtype=np.float64)
         if name == "q":
             f = np.repeat(f, hq // max(hk, 1), axis=1)
@@ -240,7 +241,7 @@ def output_dtype(out: np.ndarray, name: str) -> np.dtype:
     """The dtype a kernel's output is judged in when --dtype is not given: its own."""
     if out.dtype in DTYPES.values():
         return out.dtype
-    raise OsmError(f"{name}: has dtype {out.dtype}; give --dtype (one of {', '.join(DTYPES)})")
+    raise OsmError(f"{name}: has dtype {out.dtype}; give `dtype` (one of {', '.join(DTYPES)})")
 
 
 __all__ = ["CheckReport", "HeadError", "RowError", "check", "descaled_inputs", "output_dtype"]

@@ -157,7 +157,7 @@ def round_inputs(arrays: dict, dtype) -> tuple[tuple, tuple[Rounding, ...]]:
             raise OsmError(
                 f"{name}: {note.overflowed} value(s) overflow {name_of} (largest finite "
                 f"{lim:g}), the first {float(np.asarray(x)[at]):g} at index {at}; scale the "
-                "inputs or pick a wider --dtype"
+                "inputs or pick a wider `dtype`"
             )
         rounded.append(r)
         notes.append(note)

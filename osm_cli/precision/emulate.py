@@ -111,8 +111,8 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
     kernel.check(m.name, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
                  float_mask=float_mask)
     if descale is not None and m.name not in EIGHT:
-        raise OsmError("--q-descale, --k-descale and --v-descale scale FP8 inputs; use them "
-                       "with --dtype e4m3 or e5m2")
+        raise OsmError("`q_descale`, `k_descale` and `v_descale` scale FP8 inputs; use them "
+                       "with `dtype` e4m3 or e5m2")
     masked_lse = masked_lse or kernel.masked_lse
     tau = kernel.threshold(m.name) if threshold is None else float(threshold)
     if tau < 0 or not math.isfinite(tau):

@@ -36,7 +36,7 @@ def run_flash(m: Model, q, k, v, *, kernel: str | None = None,
     if name == "tiles":
         for key in ("mma", "descale", "threshold", "ops"):
             if kwargs.pop(key, None) not in (None, "blas"):
-                raise OsmError(f"{key} belongs to a kernel preset; --kernel tiles is osm's own "
+                raise OsmError(f"`{key}` belongs to a kernel preset; `kernel` tiles is osm's own "
                                "loop")
         return finish(m, attention(q, k, v, hooks=Hooks(m.accum, m.p_round), **kwargs))
     return run_kernel(preset(name), m, q, k, v, sms=sms, **kwargs)

@@ -56,7 +56,7 @@ def _overflow_note(note: Rounding, m: Model) -> str:
         held, why = f"nan ({m.name} has no inf)", "m becomes nan, and so does every exp(s − m)"
     return (f"{note.overflowed} score(s) do not fit {m.name} (largest finite {big:.4g}) and are "
             f"held as {held}: {why}, so the probabilities are nan. A kernel given these scores "
-            f"in {m.name} fails the same way; scale the scores, or pick a wider --dtype.")
+            f"in {m.name} fails the same way; scale the scores, or pick a wider `dtype`.")
 
 
 def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int = 0) -> LowTrace:
@@ -71,7 +71,7 @@ def trace_in(scores, m: Model, block: int = 2, form: str = "rescale", row: int =
         if m.precision == "naive":
             if not has_inf(m.dtype):
                 raise OsmError(f"{m.name} has no -inf, so a running max cannot start at "
-                               "m = -inf in it; use --precision flash (m, l in float32)")
+                               "m = -inf in it; use `precision` flash (m, l in float32)")
             tr = online_softmax(held.astype(m.dtype), block, form, row=row)
             p = np.asarray(tr.probabilities).astype(m.dtype).astype(np.float64)
         else:

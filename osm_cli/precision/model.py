@@ -128,7 +128,7 @@ def prepare(dtype: str | None, precision: str | None, accum: str | None, q, k,
     """
     if dtype is None:
         if precision is not None or accum is not None:
-            raise OsmError("--precision and --accum need --dtype")
+            raise OsmError("`precision` and `accum` need `dtype`")
         return None, (q, k, v), ()
     m = model(dtype, precision, accum)
     rounded, notes = round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
@@ -145,10 +145,10 @@ def hooks_for(m: Model | None, splits: int | None = None, order=None,
     if m is None:
         return Hooks()
     if m.precision == "naive":
-        for flag, given in (("--splits", splits is not None), ("--order", order is not None),
-                            ("--rescale-threshold", bool(threshold))):
+        for flag, given in (("`splits`", splits is not None), ("`order`", order is not None),
+                            ("`rescale_threshold`", bool(threshold))):
             if given:
-                raise OsmError(f"{flag} needs the tiled run; --precision naive is one-shot "
+                raise OsmError(f"{flag} needs the tiled run; `precision` naive is one-shot "
                                "attention")
         return Hooks()
     return Hooks(m.accum, m.p_round)

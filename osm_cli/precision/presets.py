@@ -102,15 +102,15 @@ class Preset:
         """One Error: line naming the preset and the option it does not take."""
         if dtype not in self.dtypes:
             takes = ", ".join(self.dtypes)
-            hint = " (FP8: --kernel fa4-sm100)" if dtype in EIGHT else ""
+            hint = " (FP8: `kernel` fa4-sm100)" if dtype in EIGHT else ""
             raise OsmError(f"kernel {self.name} takes {takes} inputs, not {dtype}{hint}; "
-                           "--kernel tiles runs any dtype in osm's own loop")
-        for given, supported, what in ((alibi, self.alibi, "--alibi (ALiBi slopes)"),
-                                       (sinks, self.sinks, "--sinks"),
+                           "`kernel` tiles runs any dtype in osm's own loop")
+        for given, supported, what in ((alibi, self.alibi, "`alibi_slopes` (ALiBi slopes)"),
+                                       (sinks, self.sinks, "`learnable_sink`"),
                                        (float_mask, False, "float mask (an added bias)")):
             if given and not supported:
                 raise OsmError(f"kernel {self.name} ({self.title}) takes no {what}; "
-                               "--kernel tiles runs it in osm's own loop")
+                               "`kernel` tiles runs it in osm's own loop")
 
 
 def _fa4_width(d: int, dv: int, causal: bool, local: bool, width: int) -> int:
@@ -193,7 +193,7 @@ def fa2_plan(b: int, h: int, t: int, s: int, d: int, sms: int = SMS) -> tuple[in
 def refuse_mma(kernel: str, mma: str) -> None:
     """One Error line for --mma tensor-core on osm's own loop, whose matmuls are numpy's."""
     if kernel == "tiles" and mma != "blas":
-        raise OsmError(f"--mma {mma} models a kernel preset's matmuls; --kernel tiles is osm's "
+        raise OsmError(f"`mma` {mma} models a kernel preset's matmuls; `kernel` tiles is osm's "
                        "own loop")
 
 
@@ -228,6 +228,60 @@ def default_kernel(dtype: str | None, opts=None) -> str:
     return "tiles"
 
 
+def kernel_for(model, kernel: str | None, opts=None) -> str | None:
+    """The kernel the run of `model` (precision.model's Model, or None) models: the one named,
+    else fa2 for 16-bit, fa4-sm100 for FP8 and osm's own tiles otherwise, or the first of
+    these that takes opts' sinks, ALiBi or mask (default_kernel); None for precision naive
+    (no tiles). A preset needs a model (`dtype`) and a tiled one."""
+    if model is not None and model.precision == "naive":
+        if kernel not in (None, "tiles"):
+            raise OsmError(f"`kernel` {kernel} models a tiled kernel; `precision` naive is "
+                           "one-shot attention")
+        return None
+    name = kernel or (default_kernel(model.name, opts) if model is not None else "tiles")
+    if name != "tiles" and model is None:
+        takes = " or ".join(PRESETS[name].dtypes)
+        raise OsmError(f"`kernel` {name} models a kernel of {takes} inputs; give `dtype` "
+                       "(e.g. `dtype` bf16), or `kernel` tiles for osm's own loop")
+    return name
+
+
+def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
+                    splits: int | None = None, block_q: int | None = None,
+                    descale=None, dtype: str | None = None, mma: str = "blas") -> None:
+    """What kernel `name` does not take, as one error naming both: another tile order, the
+    merge form, splits, block_q, descales off FP8; tiles takes no descales and no mma but
+    blas. The one place these are checked, for every entry point."""
+    refuse_mma(name, mma)
+    if name == "tiles":
+        if descale is not None:
+            raise OsmError("`q_descale`, `k_descale` and `v_descale` are FP8's descale factors "
+                           "of a kernel; `kernel` tiles is osm's own loop (use `kernel` "
+                           "fa4-sm100)")
+        return
+    p = PRESETS[name]
+    visits = "last to first" if p.reverse else "first to last"
+    if order != "forward":
+        raise OsmError(f"`order` {order} needs `kernel` tiles; {name} visits its K/V tiles "
+                       f"{visits}")
+    if form != "rescale":
+        raise OsmError(f"`form` {form} needs `kernel` tiles; {name} updates its state in the "
+                       "rescale form")
+    if splits is not None:
+        how = ("chooses its split-KV ranges itself (FA2's heuristic)" if p.split_kv
+               else "runs its K/V in one pass")
+        raise OsmError(f"`splits` {splits} needs `kernel` tiles; {name} {how}")
+    if block_q is not None:
+        raise OsmError(f"`block_q` {block_q} needs `kernel` tiles; {name} runs query tiles of "
+                       f"{p.block_q} rows")
+    if descale is not None and not any(d.startswith("float8") for d in p.dtypes):
+        raise OsmError(f"`q_descale`, `k_descale` and `v_descale` scale FP8 inputs; kernel "
+                       f"{name} takes no FP8 (`kernel` fa4-sm100 with `dtype` e4m3 or e5m2)")
+    if descale is not None and not (dtype or "").startswith("float8"):
+        raise OsmError("`q_descale`, `k_descale` and `v_descale` scale FP8 inputs; use them "
+                       "with `dtype` e4m3 or e5m2")
+
+
 def _asks(opts) -> dict:
     """The options of a run that some presets do not take (Preset.check's keywords)."""
     mask = getattr(opts, "mask", None)
@@ -237,5 +291,5 @@ def _asks(opts) -> dict:
             and mask.dtype.kind != "b"}
 
 
-__all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan", "preset",
-           "refuse_mma"]
+__all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan",
+           "kernel_for", "preset", "preset_refusals", "refuse_mma"]

@@ -27,7 +27,7 @@ from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gpu_ops import LOG2E
 from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import Model, hooks_for, judge_run, run, storable
-from osm_cli.precision.presets import PRESETS, default_kernel, refuse_mma
+from osm_cli.precision.presets import kernel_for, preset_refusals
 from osm_cli.precision.rule import Verdict
 from osm_cli.studies.order import block_order
 
@@ -79,58 +79,6 @@ def _tile_order(q, k, order: str, seed: int, block_k: int | None, layout: str):
     return block_order(-(-s // bk), order, seed)
 
 
-def kernel_for(model: Model | None, kernel: str | None, opts=None) -> str | None:
-    """The kernel a run models: the one named, else fa2 for 16-bit, fa4-sm100 for FP8 and
-    osm's own tiles otherwise, or the first of these that takes opts' sinks, ALiBi or mask
-    (presets.default_kernel); None for precision naive (no tiles). A preset needs a model
-    (--dtype) and a tiled one."""
-    if model is not None and model.precision == "naive":
-        if kernel not in (None, "tiles"):
-            raise OsmError(f"--kernel {kernel} models a tiled kernel; --precision naive is "
-                           "one-shot attention")
-        return None
-    name = kernel or (default_kernel(model.name, opts) if model is not None else "tiles")
-    if name != "tiles" and model is None:
-        takes = " or ".join(PRESETS[name].dtypes)
-        raise OsmError(f"--kernel {name} models a kernel of {takes} inputs; give --dtype "
-                       "(e.g. --dtype bf16), or --kernel tiles for osm's own loop")
-    return name
-
-
-def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
-                    splits: int | None = None, block_q: int | None = None,
-                    descale=None, dtype: str | None = None) -> None:
-    """What a kernel preset does not take from the command line, as one error line naming
-    both: another tile order, the merge form, --splits, --block-q, descales off FP8."""
-    if name == "tiles":
-        if descale is not None:
-            raise OsmError("--q-descale, --k-descale and --v-descale are FP8's descale factors "
-                           "of a kernel; --kernel tiles is osm's own loop (use --kernel "
-                           "fa4-sm100)")
-        return
-    p = PRESETS[name]
-    visits = "last to first" if p.reverse else "first to last"
-    if order != "forward":
-        raise OsmError(f"--order {order} needs --kernel tiles; {name} visits its K/V tiles "
-                       f"{visits}")
-    if form != "rescale":
-        raise OsmError(f"--form {form} needs --kernel tiles; {name} updates its state in the "
-                       "rescale form")
-    if splits is not None:
-        how = ("chooses its split-KV ranges itself (FA2's heuristic)" if p.split_kv
-               else "runs its K/V in one pass")
-        raise OsmError(f"--splits {splits} needs --kernel tiles; {name} {how}")
-    if block_q is not None:
-        raise OsmError(f"--block-q {block_q} needs --kernel tiles; {name} runs query tiles of "
-                       f"{p.block_q} rows")
-    if descale is not None and not any(d.startswith("float8") for d in p.dtypes):
-        raise OsmError(f"--q-descale, --k-descale and --v-descale scale FP8 inputs; kernel "
-                       f"{name} takes no FP8 (--kernel fa4-sm100 with --dtype e4m3 or e5m2)")
-    if descale is not None and not (dtype or "").startswith("float8"):
-        raise OsmError("--q-descale, --k-descale and --v-descale scale FP8 inputs; use them "
-                       "with --dtype e4m3 or e5m2")
-
-
 def attention_report(
     q, k, v, opts: ScoreOptions, tiling: Tiling, *, model: Model | None = None,
     notes: tuple = (), splits: int | None = None, order: str = "forward", seed: int = 0,
@@ -148,7 +96,7 @@ def attention_report(
     kernel in log2 units; None: the kernel's own), tiling.block_k replacing its tile width.
     """
     if opts.packing.active and (splits is not None or order != "forward"):
-        raise OsmError("--splits and --order run on one dense batch; a varlen or paged batch "
+        raise OsmError("`splits` and `order` run on one dense batch; a varlen or paged batch "
                        "runs its sequences one by one")
     shown = model is not None or kernel is not None
     name = kernel_for(model, kernel, opts)
@@ -158,8 +106,7 @@ def attention_report(
                         block_q=tiling.block_q, descale=descale, dtype=model.name)
         return _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
                               with_reference, progress, shown, run_kw)
-    preset_refusals(name or "tiles", descale=descale)
-    refuse_mma("tiles", mma)
+    preset_refusals(name or "tiles", descale=descale, mma=mma)
     if tau is not None:
         tiling = replace(tiling, threshold=tau)
     hooks = hooks_for(model, splits)
@@ -221,4 +168,4 @@ def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
     return AttentionReport(res, model, notes, None, errs, ref_row, verdict, base, **extra)
 
 
-__all__ = ["AttentionReport", "Baseline", "attention_report", "kernel_for", "preset_refusals"]
+__all__ = ["AttentionReport", "Baseline", "attention_report"]

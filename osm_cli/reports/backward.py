@@ -23,7 +23,7 @@ from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gradcheck import GRADS, GradCheck, check_grads
 from osm_cli.precision.model import Model
-from osm_cli.precision.presets import refuse_mma
+from osm_cli.precision.presets import kernel_for, refuse_mma
 from osm_cli.precision.rule import max_abs
 
 
@@ -84,8 +84,6 @@ def backward_report(
     and whose backward is modelled (FA2's, or FA4's for fa4 and fa4-sm100: precision/
     backward.py); mma is how the forward's matmuls round.
     """
-    from .attention import kernel_for
-
     name = kernel_for(model, kernel, opts)
     refuse_mma(name or "tiles", mma)
     shown = model is not None or kernel is not None

@@ -67,7 +67,7 @@ def merge_report(outs, lses, lse_base: str = "e", row: int = 0) -> MergeReport:
     merged = merge_detail(outs, lses, lse_base)
     stats = split_stats(merged, lses)
     if row >= merged.lse.size:
-        raise InputError(f"--row {row} is out of range; the partials have {merged.lse.size} "
+        raise InputError(f"`row` {row} is out of range; the partials have {merged.lse.size} "
                          "row(s)")
     flat_lse = merged.lse.reshape(-1)
     return MergeReport(

@@ -262,8 +262,8 @@ def trace_report(
     forms = FORMS if form == "both" else (form,)
     block = min(int(block), max(1, np.shape(np.atleast_2d(scores))[-1]))  # past the end: one
     if dtype is not None and (softcap is not None or sink is not None):
-        raise OsmError("--softcap and --sink trace the float64 state; with --dtype osm models "
-                       "a kernel's rounding of plain scores only (osm attention --dtype takes "
+        raise OsmError("`softcap` and `sink` trace the float64 state; with `dtype` osm models "
+                       "a kernel's rounding of plain scores only (osm attention `dtype` takes "
                        "both)")
     if softcap is not None:
         scores = capped(scores, softcap)

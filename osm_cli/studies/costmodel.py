@@ -162,8 +162,8 @@ def cost(N: int, d: int, heads: int = 1, batch: int = 1, dtype_bytes: int = 2,
         raise InputError("N, d, heads, batch and bytes per element must be at least 1")
     M = sram_bytes // dtype_bytes
     if M < 1:
-        raise InputError(f"--sram {sram_bytes} B holds no element of {dtype_bytes} bytes "
-                         "(--dtype-bytes); give a larger --sram")
+        raise InputError(f"`sram` {sram_bytes} B holds no element of {dtype_bytes} bytes "
+                         "(`dtype_bytes`); give a larger `sram`")
     b_r, b_c = fa1_blocks(M, d)
     shape = (N, d, heads, batch, dtype_bytes)
     return Cost(

@@ -189,9 +189,11 @@ def sweep_attention(
     the model takes d, the lengths, heads and batch from Q and K. opts (or its fields as
     keywords) as attention's. dtype rounds Q, K, V to it and runs the flash model of `kernel`
     (default: fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise) at each block_k."""
-    from osm_cli.precision.presets import default_kernel, refuse_mma
+    from osm_cli.precision.presets import default_kernel, preset_refusals, refuse_mma
 
     opts = split_options(options, opts)[0]
+    if kernel not in (None, "tiles"):
+        preset_refusals(kernel, block_q=block_q)  # a named preset runs its own query tiles
     m = None
     name = kernel or "tiles"
     if dtype is not None:
@@ -202,7 +204,7 @@ def sweep_attention(
         name = kernel or default_kernel(m.name, opts)
         (q, k, v), _ = round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
     elif name != "tiles":
-        raise InputError(f"--kernel {name} models a 16-bit or FP8 kernel; give --dtype")
+        raise InputError(f"`kernel` {name} models a 16-bit or FP8 kernel; give `dtype`")
     refuse_mma(name, mma)
     (b, hq, t, d), s = as_bhnd(q, opts.layout, "Q").shape, as_bhnd(k, opts.layout, "K").shape[2]
     bq = 128 if block_q is None else block_q
