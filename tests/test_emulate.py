@@ -151,8 +151,8 @@ def test_alibi_on_fa4_is_refused():
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa4", alibi_slopes=np.array([0.5], F32))
     assert str(exc.value) == ("kernel fa4 (FlashAttention-4 SM90 forward (flash_attn.cute, "
-                              "Hopper)) takes no `alibi_slopes` (ALiBi slopes); `kernel` tiles runs it "
-                              "in osm's own loop")
+                              "Hopper)) takes no `alibi_slopes` (ALiBi slopes); `kernel` tiles "
+                              "runs it in osm's own loop")
 
 
 def test_float_mask_on_a_preset_is_refused():
