@@ -134,7 +134,7 @@ def test_out_and_lse_bnhd_gqa_masked_rows(runner, tmp_path):
     np.testing.assert_array_equal(o, res.out)
     np.testing.assert_array_equal(lse, res.lse)
     assert np.isposinf(lse[:, :, :2]).all() and (o[:, :2] == 0).all()  # rows 0, 1 see no key
-    assert np.isfinite(lse[:, 2:]).all()
+    assert np.isfinite(lse[:, :, 2:]).all()
     assert "16 (output 0, LSE pos-inf)" in result.stdout  # 2 batches × 4 heads × 2 rows
 
 
