@@ -142,3 +142,21 @@ def test_a_dtype_runs_the_kernels_model():
     pt = osm_cli.attention_reference(q, k, v, causal=True, dtype="bf16")
     ref = osm_cli.attention_reference(q, k, v, causal=True)
     assert np.abs(res.out - ref.out).max() <= 2 * np.abs(pt.out - ref.out).max() + 1e-2
+
+
+def test_attention_json_names_the_softmax_scale_apart_from_a_steps_alpha():
+    """The attention document's top level says softmax_scale (1/√d here: d = 4); each step's
+    "scale" stays its α, the rescale factor (a JSON contract since 0.1)."""
+    import json
+
+    from conftest import osm
+
+    r = osm("attention", "samples/qkv.npz", "--causal", "--query", "5", "--block-k", "2",
+            "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["softmax_scale"] == 0.5 and "scale" not in doc
+    q, k, v = (np.load("samples/qkv.npz")[n] for n in "qkv")
+    res = osm_cli.attention(q, k, v, causal=True, block_k=2, trace_at=(0, 0, 5))
+    steps = doc["trace"]["steps"]
+    assert len(steps) == 4 and [s["scale"] for s in steps] == [s.alpha for s in res.trace]

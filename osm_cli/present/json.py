@@ -4,8 +4,10 @@ present/stream.py writes as they are computed).
 
 Keys and their order are the documents' contract (tests and scripts read them). The step
 record's field names are mapped to the documented keys in `_state`, `step_doc` and `tile_doc`
-only: alpha is written as "scale"; a trace step's lazy skip and a tile's mask both as
-"skipped"; a tile's block index and max as "tile" and "tile_max".
+only: alpha is written as "scale" (the rescale factor exp(m_old − m); the softmax scale is
+"softmax_scale" in osm attention's document, "scale" at backward's top level, where no step
+has one); a trace step's lazy skip and a tile's mask both as "skipped"; a tile's block index
+and max as "tile" and "tile_max".
 Leaves out: computing anything (the records come from reports/ and the lower layers).
 
 Example: trace_doc(trace_report(np.array([2., 4., 1., 3.]), 2))["steps"][1]["l"] -> 1.5530018
@@ -212,7 +214,8 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
     reference (attention.errors; None: skipped) and the reference's traced row."""
     return {
         "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
-        "scale": res.scale, "causal": res.causal, "causal_align": res.align,
+        "softmax_scale": res.scale,  # 1/√d by default; a step's "scale" is its α (issue 20)
+        "causal": res.causal, "causal_align": res.align,
         "window": None if res.window is None else list(res.window),
         "mask": res.mask, **kernel_inputs_doc(res),
         "block_q": res.block_q, "block_k": res.block_k,
