@@ -79,9 +79,9 @@ def test_no_window_and_no_softcap_are_the_defaults():
 
 def test_window_size_in_parameter_words():
     q, k, v = qkv(4, 4, 2)
-    with pytest.raises(osm_cli.InputError, match=r"^window_size must be a pair \(left, right\)"):
+    with pytest.raises(osm_cli.InputError, match=r"^`window_size` must be a pair \(left, right\)"):
         osm_cli.attention(q, k, v, window_size=3)
-    with pytest.raises(osm_cli.InputError, match=r"^window_size must be a pair"):
+    with pytest.raises(osm_cli.InputError, match=r"^`window_size` must be a pair"):
         osm_cli.attention(q, k, v, window_size=(1.5, 0))
 
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osm_cli.cli import app
-from osm_cli.cli.common import Behind
+from osm_cli.io.behind import Behind
 from osm_cli.present import bulk
 from osm_cli.present import csv as export
 from osm_cli.present import json as documents

@@ -58,7 +58,7 @@ def window(window_size) -> tuple | None:
         left, right = window_size
         sides = tuple(-1 if x is None else operator.index(x) for x in (left, right))
     except (TypeError, ValueError):
-        raise InputError("window_size must be a pair (left, right) of whole numbers of keys, "
+        raise InputError("`window_size` must be a pair (left, right) of whole numbers of keys, "
                          f"-1 for an unbounded side; got {window_size!r}") from None
     return None if all(x < 0 for x in sides) else sides
 
@@ -71,15 +71,15 @@ def descale(q_descale, k_descale, v_descale):
         return None
     missing = [n for n, x in given.items() if x is None]
     if missing:
-        raise InputError("give q_descale, k_descale and v_descale together; missing "
-                         f"{', '.join(missing)}")
+        raise InputError("give `q_descale`, `k_descale` and `v_descale` together; missing "
+                         f"{', '.join(f'`{n}`' for n in missing)}")
     from osm_cli.precision.emulate import Descale
 
     arrays = {}
     for name, x in given.items():
         arr = np.asarray(x)
         if arr.dtype.kind not in "fiu":
-            raise InputError(f"{name} must hold real numbers; got dtype {arr.dtype}")
+            raise InputError(f"`{name}` must hold real numbers; got dtype {arr.dtype}")
         arrays[name[0]] = arr.astype(np.float32)
     return Descale(**arrays)
 

@@ -258,8 +258,8 @@ def check(
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
-    t = kernel_tensors(files, lse, input_dtype,
-                       {"do": do, "dq": dq, "dk": dk, "dv": dv})
+    t = io.load_kernel_tensors(files, lse, input_dtype,
+                               {"do": do, "dq": dq, "dk": dk, "dv": dv})
     o, name = t.pop("out"), t.pop("name")
     dt = dtype or output_dtype(o, name)
     opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, t["q"])
@@ -268,11 +268,16 @@ def check(
 
         held = io.bundle_inputs(files[0])
         opts = replace(opts, **{n: x for n, x in held.items() if getattr(opts, n) is None})
-    from osm_cli.precision.dtypes import dtype_name, resolve_dtype
+    from osm_cli.precision.dtypes import dtype_name, fitting_16bit, resolve_dtype
 
     dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
     if dtype is None and kernel not in (None, Kernel.tiles) and dname == "float32":
-        dname = dt = fitting_16bit(o, t["q"], t["k"], t["v"], kernel.value) or dt
+        narrow = fitting_16bit(o, t["q"], t["k"], t["v"])  # a preset takes 16-bit inputs
+        if narrow is not None:
+            err.print(f"note: --kernel {kernel.value} takes 16-bit inputs; OUT, Q, K and V are "
+                      f"float32 holding {narrow} values: judged as {narrow} (--dtype chooses)",
+                      markup=False, soft_wrap=True)
+            dname = dt = narrow
     kname = (kernel and kernel.value) or default_kernel(dname, opts)
     scales = descales(q_descale, k_descale, v_descale)
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
@@ -287,80 +292,21 @@ def check(
         raise typer.Exit(1)
 
 
-def kernel_tensors(files: list[str], lse: str | None, input_dtype: str | None,
-                   grad_files: dict[str, str | None]) -> dict:
-    """check's tensors by name (out, q, k, v, and lse, do, dq, dk, dv where given) from BUNDLE,
-    OUT Q K V or OUT QKV and the --lse, --do, --dq, --dk, --dv files, each checked to be real
-    numbers; "name" is what the report calls OUT."""
-    from osm_cli import io
-
-    if len(files) == 1:
-        if not io.is_bundle(Path(files[0])) and Path(files[0]).is_file():
-            raise OsmError(f"{files[0]}: one array; check takes BUNDLE (one .npz or "
-                           ".safetensors holding out, q, k, v), OUT Q K V or OUT QKV")
-        t = dict(io.load_bundle(files[0], input_dtype, need=("out", "q", "k", "v")))
-        name = f"{files[0]}: out"
-    elif len(files) in (2, 4):
-        o = io.load_array(Path(files[0]), mmap=False, raw_as=input_dtype)
-        t, name = {"out": o}, files[0]
-        t["q"], t["k"], t["v"] = io.load_qkv(files[1:], input_dtype)
-    else:
-        raise OsmError(f"check takes BUNDLE, OUT Q K V or OUT QKV; got {len(files)} files")
-    where = {"out": name, **{k: f"{files[0]}: {k}" for k in t if k != "out"}}
-    for key, path in {"lse": lse, **grad_files}.items():
-        if path is None:
-            continue
-        if key in t:
-            raise OsmError(f"{files[0]} holds its own {key}; --{key} gives another: give one")
-        t[key] = io.load_array(Path(path), mmap=False, raw_as=input_dtype)
-        where[key] = path
-    for key in ("out", "lse", "do", "dq", "dk", "dv"):
-        if key in t:
-            io.check_real(t[key], where[key])
-    return {**t, "name": name}
-
-
-def fitting_16bit(o, q, k, v, kernel: str) -> str | None:
-    """The 16-bit dtype (bfloat16, then float16) every value of float32 OUT, Q, K and V fits,
-    for a kernel preset (which takes 16-bit inputs) given without --dtype; said on stderr."""
-    import numpy as np
-
-    from osm_cli.precision.dtypes import DTYPES, round_to
-
-    def fits(x, narrow):
-        x = np.asarray(x, dtype=np.float64)
-        return np.array_equal(round_to(x, DTYPES[narrow], np.float64), x, equal_nan=True)
-
-    for narrow in ("bfloat16", "float16"):
-        if all(fits(x, narrow) for x in (o, q, k, v)):
-            err.print(f"note: --kernel {kernel} takes 16-bit inputs; OUT, Q, K and V are float32 "
-                      f"holding {narrow} values: judged as {narrow} (--dtype chooses)",
-                      markup=False, soft_wrap=True)
-            return narrow
-    return None
-
-
 def descales(q_path: str | None, k_path: str | None, v_path: str | None):
     """--q-descale, --k-descale, --v-descale as an emulate.Descale (None when none is given):
-    all three or none, each a tensor file of real numbers, read as float32."""
-    paths = {"q": q_path, "k": k_path, "v": v_path}
-    if all(p is None for p in paths.values()):
-        return None
-    missing = [f"--{n}-descale" for n, p in paths.items() if p is None]
-    if missing:
-        raise OsmError(f"give --q-descale, --k-descale and --v-descale together; missing "
-                       f"{', '.join(missing)}")
-    import numpy as np
-
+    each a tensor file of real numbers, all three or none (api.keywords.descale says)."""
     from osm_cli import io
-    from osm_cli.precision.emulate import Descale
+    from osm_cli.api.keywords import descale
 
+    paths = {"q": q_path, "k": k_path, "v": v_path}
     arrays = {}
     for n, p in paths.items():
-        arr = io.load_array(Path(p), mmap=False)
-        io.check_real(arr, p)
-        arrays[n] = np.asarray(arr, dtype=np.float32)
-    return Descale(**arrays)
+        if p is not None and all(x is not None for x in paths.values()):
+            arrays[n] = io.load_array(Path(p), mmap=False)
+            io.check_real(arrays[n], p)
+    if len(arrays) < 3:  # none given, or a missing one named by descale
+        return descale(*(None if p is None else 0.0 for p in paths.values()))
+    return descale(arrays["q"], arrays["k"], arrays["v"])
 
 
 def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:

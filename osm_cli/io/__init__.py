@@ -1,7 +1,8 @@
-"""Files in and out: loading and validating inputs (load.py; .safetensors in tensorfile.py),
-all-or-nothing writes (save.py)."""
+"""Files in and out: loading and validating inputs (load.py; .safetensors in tensorfile.py;
+bundles of a kernel's tensors in bundles.py), all-or-nothing writes (save.py), a writer thread
+for a long document (behind.py)."""
 
-from .bundles import bundle_inputs, load_backward, load_bundle, load_qkv
+from .bundles import bundle_inputs, load_backward, load_bundle, load_kernel_tensors, load_qkv
 from .load import (
     BUNDLE_NAMES,
     TENSOR_SUFFIXES,
@@ -27,7 +28,8 @@ __all__ = [
     "BUNDLE_NAMES", "TENSOR_SUFFIXES", "bundle_inputs", "check_destinations", "check_file",
     "check_mask",
     "check_not_void", "check_real", "check_scores", "is_bundle", "is_qkv", "load_array",
-    "load_backward", "load_bundle", "load_mask", "load_partials", "load_qkv", "load_scores",
+    "load_backward", "load_bundle", "load_kernel_tensors", "load_mask", "load_partials",
+    "load_qkv", "load_scores",
     "parse_pair", "parse_text", "save_bytes", "save_npy", "save_text", "tensor_names", "view_raw",
     "write_all",
 ]

@@ -123,3 +123,34 @@ def load_qkv(paths: list[str], raw_as: str | None = None
     for arr, name in named:
         check_not_void(arr, name)
     return tuple(arr for arr, _ in named)
+
+
+def load_kernel_tensors(files: list[str], lse: str | None, input_dtype: str | None,
+                   grad_files: dict[str, str | None]) -> dict:
+    """check's tensors by name (out, q, k, v, and lse, do, dq, dk, dv where given) from BUNDLE,
+    OUT Q K V or OUT QKV and the lse, do, dq, dk, dv files, each checked to be real
+    numbers; "name" is what the report calls OUT."""
+    if len(files) == 1:
+        if not is_bundle(Path(files[0])) and Path(files[0]).is_file():
+            raise InputError(f"{files[0]}: one array; check takes BUNDLE (one .npz or "
+                           ".safetensors holding out, q, k, v), OUT Q K V or OUT QKV")
+        t = dict(load_bundle(files[0], input_dtype, need=("out", "q", "k", "v")))
+        name = f"{files[0]}: out"
+    elif len(files) in (2, 4):
+        o = load_array(Path(files[0]), mmap=False, raw_as=input_dtype)
+        t, name = {"out": o}, files[0]
+        t["q"], t["k"], t["v"] = load_qkv(files[1:], input_dtype)
+    else:
+        raise InputError(f"check takes BUNDLE, OUT Q K V or OUT QKV; got {len(files)} files")
+    where = {"out": name, **{k: f"{files[0]}: {k}" for k in t if k != "out"}}
+    for key, path in {"lse": lse, **grad_files}.items():
+        if path is None:
+            continue
+        if key in t:
+            raise InputError(f"{files[0]} holds its own {key}; `{key}` gives another: give one")
+        t[key] = load_array(Path(path), mmap=False, raw_as=input_dtype)
+        where[key] = path
+    for key in ("out", "lse", "do", "dq", "dk", "dv"):
+        if key in t:
+            check_real(t[key], where[key])
+    return {**t, "name": name}

@@ -104,7 +104,7 @@ def _check_in_place(path: Path) -> None:
 
 
 WRITE = 1 << 17  # bytes a write: on Linux 6.18 (ext4) 128 KiB writes cost the kernel a third
-# to a tenth of what 4 MiB ones do (cli/common.py's Behind has the measurement)
+# to a tenth of what 4 MiB ones do (behind.py's Behind has the measurement)
 
 
 def write_all(items: Sequence[tuple[Path, str | bytes | np.ndarray | Iterable]]) -> None:

@@ -182,3 +182,19 @@ def dtype_name(dtype) -> str:
     """The canonical name of a dtype osm knows (else numpy's name)."""
     dt = np.dtype(dtype)
     return next((n for n, d in DTYPES.items() if d == dt), dt.name)
+
+
+def fitting_16bit(*arrays) -> str | None:
+    """The 16-bit dtype (bfloat16, then float16) every value of every array fits (a kernel
+    preset takes 16-bit inputs; float32 arrays may hold them); None if neither.
+
+    Example: fitting_16bit(np.float32([1.5, 2.0])) -> "bfloat16"
+    """
+    def fits(x, narrow):
+        x = np.asarray(x, dtype=np.float64)
+        return np.array_equal(round_to(x, DTYPES[narrow], np.float64), x, equal_nan=True)
+
+    for narrow in ("bfloat16", "float16"):
+        if all(fits(x, narrow) for x in arrays):
+            return narrow
+    return None
