@@ -7,7 +7,7 @@ and the merge of partial results (merge.py). Imports nothing else of osm but err
     array([2.])
 """
 
-from importlib import import_module
+from .lazy import lazy as _lazy
 
 # the names osm_cli.core offers, found on first use (module -> names)
 _API = {
@@ -17,13 +17,4 @@ _API = {
     "reference": ("logsumexp", "naive_softmax", "stable_softmax"),
     "merge": ("fold_merge", "merge_detail", "merge_partials", "tree_merge"),
 }
-_WHERE = {name: module for module, names in _API.items() for name in names}
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f".{_WHERE[name]}", __name__), name)
-
-
-__all__ = [*_WHERE]
+__getattr__, __all__ = _lazy(__name__, _API)
