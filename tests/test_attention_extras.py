@@ -271,27 +271,34 @@ STEP = ("samples/causal.npz", "--causal", "--head", "1", "--query", "2", "--bloc
 
 
 def test_step_mode_in_tmux(tmux):
-    """The summary stays on top; one K/V tile per key, the current tile in reverse video, the
-    skipped tiles stepped through too, then the output row."""
+    """One K/V tile per key, the current tile in reverse video and its arithmetic (O too) under
+    the table, the skipped tiles stepped through too; the summary (whose errors give the end
+    away) and the output row only after the last tile."""
     tmux.start("attention", *STEP, height=45)
     screen = tmux.wait_for("tile 1 of 4")
-    assert "6 computed, 2 skipped of 8" in screen
+    assert "6 computed, 2 skipped of 8" not in screen and "max |O − ref|" not in screen
     assert "-inf → 1.792688" in screen and "2:4" not in screen
     assert "output row" not in screen
+    assert "m = max(-inf, 1.792688) = 1.792688" in screen
+    assert "O[0] = 0·0 − 1.084855 = -1.084855" in screen
     tmux("send-keys", "-t", "osm", "Enter")
     screen = tmux.wait_for("tile 2 of 4")
     assert "1.147522 → 1.265359" in screen
     styled = tmux("capture-pane", "-p", "-e", "-t", "osm").stdout
     row = next(line for line in styled.splitlines() if "1.147522 → 1.265359" in line)
     assert "\x1b[7m" in row  # the current tile is highlighted
+    assert "O[0] = -1.084855·1 − 0.002762556 = -1.087618" in screen
     first = next(line for line in styled.splitlines() if "0 → 1.147522" in line)
     assert "\x1b[7m" not in first
     tmux("send-keys", "-t", "osm", "x", "Space")  # x is ignored, space advances
     screen = tmux.wait_for("tile 3 of 4")
     assert "4:6" in screen and "skipped" in screen
+    assert "skipped, not computed: the mask hides its keys" in screen
+    tmux("send-keys", "-t", "osm", "Enter")
+    tmux.wait_for("tile 4 of 4, the last")
     tmux("send-keys", "-t", "osm", "Enter")
     screen = tmux.wait_for("EXIT=0")
-    assert "tile 4 of 4: done" in screen
+    assert "6 computed, 2 skipped of 8" in screen
     assert "output row O / l" in screen and "-0.8595331907" in screen
 
 

@@ -93,10 +93,28 @@ FORTY = ",".join(str(i) for i in range(40))  # 20 blocks of 2, 40 elements
 
 
 def test_trace_long_input_is_elided(runner):
+    """Rising scores move m at every block: no block is hidden; the elements are, and a
+    caption says how many."""
     short = ok(runner, "trace", "--values", FORTY, "-b", "2").stdout
-    assert short.count("⋮") >= 2  # the step table's ellipsis row, and the element table's
-    assert not re.search(r"\n\s*10\s+20:22\s", short)  # block 10 is hidden
+    # the element table's ellipsis row and its caption
+    assert sum("⋮" in line for line in short.splitlines()) == 2
+    assert re.search(r"\n\s*10\s+20:22\s", short)  # block 10: m moved there, so it is shown
     assert not re.search(r"\n\s*20\s+20\s", short)  # element 20 is hidden
+    assert "⋮ 30 rows not shown (--all shows every row)" in short
+
+
+def test_elision_never_hides_a_block_where_m_moved(runner):
+    """31 blocks of one score: m moves at blocks 0, 10 and 21 only; the rows between the first
+    and last five are elided except those, and the caption counts what was left out."""
+    scores = ",".join(["1"] * 10 + ["5"] + ["1"] * 10 + ["7"] + ["1"] * 10)
+    out = ok(runner, "trace", "--values", scores, "-b", "1").stdout
+    table = out[:out.index("final:")]
+    shown = [int(line.split()[0]) for line in table.splitlines()
+             if re.match(r"\s*\d+\s+\d+:\d+", line)]
+    assert shown == [0, 1, 2, 3, 4, 10, 21, 27, 28, 29, 30, 31]
+    assert table.count("\n  ⋮") == 3  # three runs left out: 5–9, 11–20, 22–26
+    assert "⋮ 20 blocks not shown, where m did not move (--all shows every row)" in table
+    assert re.search(r"\n\s*10\s+10:11\s+\[5\]\s+5\s+1 → 5\s+0.018315639", table)
 
 
 def test_trace_all_shows_every_element(runner):

@@ -264,7 +264,8 @@ class _Console:
     [("\r \n", 4), ("x\rq", 2), ("q", 1), ("\x1b", 1), ("  ", 3)],
 )
 def test_step_through_keys(keys, shown):
-    """Enter, space, n advance; q or Esc stop; other keys are ignored."""
+    """Enter, space, n advance; q or Esc stop (on the last frame: finish); other keys are
+    ignored."""
     console, pending = _Console(), list(keys)
 
     def getkey():
@@ -274,27 +275,66 @@ def test_step_through_keys(keys, shown):
     assert console.frames == list(range(shown)) and console.clears == shown
 
 
+@pytest.mark.parametrize(
+    "keys, frames, shown",
+    [("  b", [0, 1, 2, 1], 2), ("G\r", [0, 3], 4), ("Gg q", [0, 3, 0, 1], 2),
+     (["right", "left", "end", "home"], [0, 1, 0, 3, 0], 1), ("bbg", [0], 1)],
+)
+def test_step_through_back_and_forth(keys, frames, shown):
+    """b/← back, g/Home first, G/End last (each at the edge ignored); Enter on the last
+    frame finishes (count returned), q elsewhere stops there."""
+    console, pending = _Console(), list(keys)
+
+    def getkey():
+        return pending.pop(0) if pending else "q"
+
+    assert step_through(console, lambda k: k, 4, getkey) == shown
+    assert console.frames == frames
+
+
 def test_buffered_keys():
     """Typed-ahead keys arrive in one read and are taken one at a time; an arrow key's escape
-    sequence is ignored (it is not Esc); end of input quits."""
-    reads = ["x ", "\x1b[A", "\r", ""]
+    sequence is its name (→ right, ← left, Home, End), one osm has no use for (↑) is ignored
+    (it is not Esc); end of input quits."""
+    reads = ["x ", "\x1b[A", "\x1b[C", "\x1b[D", "\x1b[H", "\x1b[F", "\r", ""]
     get = buffered(lambda: reads.pop(0))
-    assert [get() for _ in range(5)] == ["x", " ", "", "\r", "q"]
+    assert [get() for _ in range(9)] == ["x", " ", "", "right", "left", "home", "end", "\r",
+                                         "q"]
 
 
 def test_step_mode_in_tmux(tmux):
-    """One block per key: row k highlighted, Enter and space advance, then the full report."""
+    """One block per key, each explained: row k highlighted, its arithmetic under the table;
+    Enter and space advance, b and ← go back, g and G jump to the first and last; Enter on
+    the last block ends step mode with the full report."""
     tmux.start("trace", "samples/scores.txt", "-b", "1", "--step")
     screen = tmux.wait_for("block 1 of 4")
     assert "-inf → 2" in screen and "2 → 4" not in screen
+    assert "m = max(-inf, 2) = 2" in screen and "α = exp(-inf − 2) = 0" in screen
     tmux("send-keys", "-t", "osm", "Enter")
     screen = tmux.wait_for("block 2 of 4")
     assert "2 → 4" in screen and "0.13533528" in screen  # α = e^(2 − 4)
+    assert "α = exp(2 − 4) = 0.13533528" in screen
+    assert "l = 1·0.13533528 + exp(4−4) = 1.1353353" in screen
     tmux("send-keys", "-t", "osm", "x", "Space")  # typed ahead together: x ignored, space next
+    screen = tmux.wait_for("block 3 of 4")
+    assert "l = 1.1353353·1 + exp(1−4) = 1.1851224" in screen
+    tmux("send-keys", "-t", "osm", "b")  # back one
+    screen = tmux.wait_for("block 2 of 4")
+    assert "1.1353353 → 1.1851224" not in screen and "α = exp(2 − 4)" in screen
+    tmux("send-keys", "-t", "osm", "Right")  # → is forward
     tmux.wait_for("block 3 of 4")
+    tmux("send-keys", "-t", "osm", "Left")  # ← is back
+    tmux.wait_for("block 2 of 4")
+    tmux("send-keys", "-t", "osm", "G")  # the last
+    screen = tmux.wait_for("block 4 of 4, the last")
+    assert "l = 1.1851224·1 + exp(3−4) = 1.5530018" in screen
+    assert "final:" not in screen  # the summary comes after the last step, not with it
+    tmux("send-keys", "-t", "osm", "g")  # the first
+    tmux.wait_for("block 1 of 4")
+    tmux("send-keys", "-t", "osm", "End")
+    tmux.wait_for("block 4 of 4, the last")
     tmux("send-keys", "-t", "osm", "Enter")
     screen = tmux.wait_for("EXIT=0")
-    assert "block 4 of 4: done" in screen
     assert "final: m = 4, l = 1.553001793" in screen
     assert "online vs one-shot stabilized" in screen
     # the current row is drawn in reverse video

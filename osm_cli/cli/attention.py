@@ -39,6 +39,7 @@ from .options import (
     CausalOpt,
     CsvOpt,
     DtypeOpt,
+    ExplainOpt,
     GradRule,
     HeadOpt,
     InputDtypeOpt,
@@ -132,6 +133,7 @@ def attention(
         f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs: "
         "pip install 'osm-cli[plot]').")] = None,
     step: StepOpt = False,
+    explain: ExplainOpt = False,
     as_json: JsonOpt = False,
     inputs=None,
 ):
@@ -186,9 +188,14 @@ def attention(
     if as_json:
         return emit_json(documents.attention_doc(rep))
     heads = render.attention_heads(rep)
-    frame = functools.partial(render.attention_step_frame, heads, res, width=out.width)
-    if present(step, heads, [(frame, len(res.trace), "tile")],
-                [render.attention_trace(res, out.width, show_all)]):
+    # step mode keeps the summary (its errors give the end away) for after the last tile
+    frame = functools.partial(render.attention_step_frame, [], res, width=out.width)
+    tables = [render.attention_trace(res, out.width, show_all)]
+    if explain:
+        from osm_cli.present.explain import attention_explained
+
+        tables.append(attention_explained(res, show_all))
+    if present(step, heads, [(frame, len(res.trace), "tile")], tables, after=heads):
         out.print(render.attention_results(rep, show_all))
 
 

@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,14 +312,17 @@ def exports(fn):
     return wrapper
 
 
-def present(step: bool, heads: list, pages: list, tables: list) -> bool:
+def present(step: bool, heads: list, pages: list, tables: list, after: Sequence = ()) -> bool:
     """Print the headers, then the tables; or, under --step in a terminal, each page (frame,
-    count, unit) one key press at a time. False when the user quit early: print nothing more."""
+    count, unit) one key press at a time, then `after` (a summary the steps would give away).
+    False when the user quit early: print nothing more."""
     if step_interactive(step) and all(count for _, count, _ in pages):
         getkey = step_keys()
         for frame, count, unit in pages:
             if not step_frames(frame, count, unit, getkey):
                 return False
+        for r in after:
+            out.print(r)
         return True
     for r in (*heads, *tables):
         out.print(r)

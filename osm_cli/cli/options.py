@@ -187,6 +187,9 @@ HtmlOpt = Annotated[Path | None, typer.Option(
 StepOpt = Annotated[bool, typer.Option(
     "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
     "space: next, q: quit).")]
+ExplainOpt = Annotated[bool, typer.Option(
+    "--explain", help="Under each step, its arithmetic with the actual numbers "
+    "(m = max(2, 5) = 5, α = exp(2 − 5) = …); always on in step mode.")]
 PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of the head
 # attention's tile size options, shared with sweep (where --block-k is the swept size).
 BlockQOpt = Annotated[

@@ -28,6 +28,7 @@ from .options import (
     DTYPES_HELP,
     CsvOpt,
     DtypeOpt,
+    ExplainOpt,
     Form,
     InputDtypeOpt,
     JsonOpt,
@@ -39,6 +40,8 @@ from .options import (
     ValuesOpt,
     dtype_names,
 )
+
+WHOLE = 4096  # a trace of up to this many blocks keeps every step (more: the first and last)
 
 
 @guarded
@@ -69,6 +72,7 @@ def trace(
         help="Also draw m, l and α per block to a PNG (needs: pip install 'osm-cli[plot]')."),
     ] = None,
     step: StepOpt = False,
+    explain: ExplainOpt = False,
     dtype: DtypeOpt = None,
     precision: PrecisionOpt = None,
     input_dtype: InputDtypeOpt = None,
@@ -86,11 +90,15 @@ def trace(
     Examples:
       osm trace samples/scores.txt --block 2
       osm trace --values "1,2,5,3" -b 2 --form merge
+      osm trace --values "1,2,5,3" -b 2 --explain
       osm trace samples/matrix.txt --row 1 --json
       osm trace --values "1,2,5,3" --sink 4 --softcap 3
     """
+    import numpy as np
+
     from osm_cli import io
     from osm_cli.present import csv as export
+    from osm_cli.present import explain as explained
     from osm_cli.present import json as documents
     from osm_cli.present import plot as plots
     from osm_cli.present import trace as render
@@ -104,7 +112,9 @@ def trace(
     check_outputs(csv=csv, plot=plot)
     # the table shows the first and last HEAD steps: a long trace keeps only those (the CSV,
     # JSON, plot, --all and --step make or need every step)
-    keep = None if show_all or plot or step else HEAD
+    # up to WHOLE blocks are kept whole, so that the table can show every block where m moved
+    whole = show_all or plot or step or -(-np.atleast_2d(s).shape[-1] // block) <= WHOLE
+    keep = None if whole else HEAD
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
                        precision=precision and precision.value, keep=keep,
@@ -117,6 +127,9 @@ def trace(
     pages = [(functools.partial(render.step_frame, heads, t, width=out.width), len(t.steps),
               "block") for t in rep.traces]
     step_tables = [render.step_table(t, show_all, out.width) for t in rep.traces]
+    if explain:  # each form's table, then its blocks' arithmetic
+        step_tables = [x for t, table in zip(rep.traces, step_tables, strict=True)
+                       for x in (table, explained.trace_explained(t, show_all))]
     if present(step, heads, pages, step_tables):
         out.print(render.trace_results(rep, show_all, out.width))
 

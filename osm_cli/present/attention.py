@@ -200,7 +200,8 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
         return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
                 num(s.o_norm, d), *extra]
 
-    fill(t, len(res.trace), row, show_all)
+    moved = [n for n, s in enumerate(res.trace) if s.m != s.m_prev]
+    fill(t, len(res.trace), row, show_all, moved, "tiles")
     what = "sequence" if getattr(res, "batch", "") else "batch"
     title = f"trace of {what} {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
     if not with_o:
@@ -246,9 +247,12 @@ def attention_results(rep, show_all: bool = False) -> Group:
 
 def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) -> Group:
     """attention --step: the headers, the traced row's tiles up to `upto` (that row
-    highlighted) and a hint."""
+    highlighted), the tile's arithmetic and a hint."""
+    from .explain import attention_step
+
     return frame(headers, res.trace, upto, "tile",
-                  lambda shown: attention_trace(replace(res, trace=shown), width))
+                  lambda shown: attention_trace(replace(res, trace=shown), width),
+                  attention_step(res, upto))
 
 
 def progress_bar(console: Console):

@@ -114,7 +114,7 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
             cells += [num(s.p_max, d), num(s.ds_sum, d)]
         return cells + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
 
-    fill(t, len(steps), row, show_all)
+    fill(t, len(steps), row, show_all, unit="tiles")
     what = "sequence" if r.batch else "batch"
     if key:
         title = (f"key {r.traced_key} of {what} {b}, kv head {r.kv_head} ({_heads_of(r)}): "

@@ -11,7 +11,7 @@ Leaves out: any particular table (trace.py, attention.py, verdicts.py, tables.py
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from rich import box
@@ -69,19 +69,36 @@ def values(xs: np.ndarray, digits: int = 4, most: int = 3, width: int | None = N
     return Text.assemble("[", *parts, "]")
 
 
-def elided(n: int, show_all: bool) -> list[int | None]:
-    """Row indices to show: all, or the first and last HEAD with None for the ellipsis."""
+def elided(n: int, show_all: bool, keep: Iterable[int] = ()) -> list[int | None]:
+    """Row indices to show: all, or the first and last HEAD and those in `keep` (rows that must
+    not be hidden, such as the steps where m moved), with None for each run left out."""
     if show_all or n <= 2 * HEAD + 2:
         return list(range(n))
-    return [*range(HEAD), None, *range(n - HEAD, n)]
+    shown = sorted({*range(HEAD), *range(n - HEAD, n), *(i for i in keep if 0 <= i < n)})
+    out: list[int | None] = []
+    for i in shown:
+        if out and out[-1] is not None and i > out[-1] + 1:
+            out.append(None)
+        out.append(i)
+    return out
 
 
-def fill(table: Table, n: int, row: Callable[[int], Sequence], show_all: bool) -> Table:
-    for i in elided(n, show_all):
+def fill(table: Table, n: int, row: Callable[[int], Sequence], show_all: bool,
+         keep: Iterable[int] | None = None, unit: str = "rows") -> Table:
+    """The rows elided(n, show_all, keep) names, a dim '⋮' row for each run left out, and a
+    caption that says how many were left out (and, given `keep`, that nothing kept moved)."""
+    shown = elided(n, show_all, keep or ())
+    for i in shown:
         if i is None:
             table.add_row(*(["⋮"] * len(table.columns)), style="dim")
         else:
             table.add_row(*row(i))
+    hidden = n - sum(i is not None for i in shown)
+    if hidden:
+        why = ", where m did not move" if keep is not None else ""
+        table.caption = f"⋮ {hidden} {unit} not shown{why} (--all shows every row)"
+        table.caption_justify = "left"
+        table.caption_style = "dim"
     return table
 
 

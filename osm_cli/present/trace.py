@@ -88,7 +88,9 @@ def _step_table(trace, show_all: bool, d: int, with_values: bool = True,
         cells += [arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)]
         return cells
 
-    return Group(Text(title), fill(t, n, row, show_all))
+    # every step at hand (not a long trace's ends only): never hide one where m moved
+    moved = [i for i, s in enumerate(steps) if s.m != s.m_prev] if len(steps) == n else None
+    return Group(Text(title), fill(t, n, row, show_all, moved, "blocks"))
 
 
 def trace_header(name: str, n_rows: int, n: int, row: int, block: int) -> Text:
@@ -214,9 +216,13 @@ def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
 
 
 def step_frame(headers: Sequence, trace, upto: int, width: int = 100) -> Group:
-    """Step mode: the header, the step table up to block `upto` (that row highlighted), a hint."""
+    """Step mode: the header, the step table up to block `upto` (that row highlighted), the
+    block's arithmetic and a hint."""
+    from .explain import trace_step
+
     return frame(headers, trace.steps, upto, "block",
-                  lambda shown: step_table(replace(trace, steps=shown, n_steps=None), False, width))
+                  lambda shown: step_table(replace(trace, steps=shown, n_steps=None), False, width),
+                  trace_step(trace, upto))
 
 
 def lazy_note(threshold: float) -> Text:

@@ -1,0 +1,74 @@
+"""`--explain` and step mode's arithmetic: under each step, the lines of reports/explain.py
+with the step's own numbers, indented under a one-line heading ("block 1, keys 2:4").
+
+Leaves out: the lines themselves (reports/explain.py), the tables they sit under.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group
+from rich.padding import Padding
+from rich.text import Text
+
+from osm_cli.reports.explain import ATTENTION_NOTE, attention_lines, trace_lines
+
+from .format import elided
+
+
+def step_block(heading: str, lines: Sequence[str]) -> Group:
+    """A heading in bold, then each line indented by three spaces (a long line wraps there)."""
+    return Group(Text(heading, style="bold"), *(Padding(Text(line), (0, 0, 0, 3))
+                                                for line in lines))
+
+
+def trace_step(trace, k: int) -> Group:
+    """Block k of an `osm trace` (k indexes trace.steps)."""
+    s = trace.steps[k]
+    shown = "" if s.values is None or len(s.values) > 8 else (
+        ", scores [" + ", ".join(f"{float(v):g}" for v in s.values) + "]")
+    return step_block(f"block {s.block}, keys {s.start}:{s.stop}{shown}",
+                      trace_lines(s, trace.form))
+
+
+def trace_explained(trace, show_all: bool = False) -> Group:
+    """Every block's arithmetic (the first and last few of a long trace, as the table)."""
+    parts: list = [Text("each block's arithmetic", style="bold underline")]
+    return Group(*parts, *_each(trace.steps, show_all, "blocks",
+                                lambda k: trace_step(trace, k)), Text(""))
+
+
+def _each(steps, show_all: bool, unit: str, one) -> list:
+    """one(k) for each step shown: every step where m moved, the first and last few, and a
+    dim line saying how many were left out between them."""
+    moved = [k for k, s in enumerate(steps) if s.m != s.m_prev]
+    shown = elided(len(steps), show_all, moved)
+    parts = []
+    for n, k in enumerate(shown):
+        if k is None:
+            gap = shown[n + 1] - shown[n - 1] - 1
+            parts.append(Text(f"⋮ {gap} {unit} where m did not move (--all shows them)",
+                              style="dim"))
+        else:
+            parts.append(one(k))
+    return parts
+
+
+def attention_step(res, k: int) -> Group:
+    """K/V tile k of attention's traced row."""
+    s = res.trace[k]
+    prev = next((p.o for p in reversed(res.trace[:k]) if p.o is not None), None)
+    head = "sink" if s.sink else f"tile {s.block}, keys {s.start}:{s.stop}"
+    return step_block(head, attention_lines(s, prev))
+
+
+def attention_explained(res, show_all: bool = False) -> Group:
+    """Every tile's arithmetic for the traced row."""
+    parts: list = [Text("each tile's arithmetic", style="bold underline"), Text(ATTENTION_NOTE)]
+    return Group(*parts, *_each(res.trace, show_all, "tiles", lambda k: attention_step(res, k)),
+                 Text(""))
+
+
+__all__ = ["attention_explained", "attention_step", "step_block", "trace_explained",
+           "trace_step"]

@@ -1,0 +1,135 @@
+"""Each step's arithmetic with its actual numbers, as plain lines of text (`--explain`, step
+mode, the HTML page): `m = max(2, 5) = 5`, `α = exp(2 − 5) = 0.049787068`,
+`l = 1.3678794·0.049787068 + exp(5−5) + exp(3−5) = 1.203438`, and for attention
+`O[0] = O[0]·α + (P·V)[0] = …` on the traced row's leading components.
+
+The numbers are the step records' own (core/record.py): nothing is recomputed but the two parts
+an attention tile adds (Σ P = l − l_prev·α and P·V = O − O_prev·α), so the lines show the sum
+the table's l and O came from. Lines are at most about 76 characters: a block with more than
+three terms shows its sum as one number.
+
+Leaves out: styling and layout (present/explain.py), the backward's lines (backward_lines
+below takes the numbers its caller computed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+TERMS = 3  # a block's exp terms written out one by one up to this many
+COMPONENTS = 4  # O's leading components written out
+
+
+def g(x, digits: int = 8) -> str:
+    """A number as the tables print it: `digits` significant digits, -inf and inf spelt out."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{digits}g}"
+
+
+def plus(a: str, x: float, digits: int) -> str:
+    """'a + x', or 'a − |x|' for a negative x."""
+    return f"{a} − {g(-x, digits)}" if x < 0 else f"{a} + {g(x, digits)}"
+
+
+def _exp(s, m) -> str:
+    return f"exp({g(s, 6)}−{g(m, 6)})" if m >= 0 else f"exp({g(s, 6)}+{g(-m, 6)})"
+
+
+def _terms(values: Sequence[float], m: float, total: float, digits: int) -> str:
+    """Σ exp(s − m) over the block's finite scores, written out or as one number."""
+    finite = [float(v) for v in values if not math.isinf(v) or v > 0]
+    masked = len(values) - len(finite)
+    if not finite:
+        return f"{masked} × exp(-inf)" if masked else "0"
+    if len(finite) <= TERMS:
+        text = " + ".join(_exp(v, m) for v in finite)
+    else:
+        text = (f"({' + '.join(_exp(v, m) for v in finite[:2])} + … "
+                f"{len(finite) - 2} more = {g(total, digits)})")
+    return text + (f" (+ {masked} × exp(-inf) = 0)" if masked else "")
+
+
+def _alpha_line(step, digits: int) -> str:
+    if math.isinf(step.m) and step.m < 0:
+        return ("α = 0: the guard. m is still -inf (every score so far masked), so nothing is "
+                "rescaled and exp(s − m) is taken with 0 for m")
+    return f"α = exp({g(step.m_prev, digits)} − {g(step.m, digits)}) = {g(step.alpha, digits)}"
+
+
+def _m_line(step, block_max: float, digits: int, name: str = "block max") -> str:
+    top = max(step.m_prev, block_max)
+    if step.m != top and not (math.isnan(top)):
+        return (f"m stays {g(step.m, digits)}: the {name} {g(block_max, digits)} is within τ of "
+                "m (lazy rescale: no rescale, α = 1)")
+    return f"m = max({g(step.m_prev, digits)}, {g(block_max, digits)}) = {g(step.m, digits)}"
+
+
+def trace_lines(step, form: str = "rescale", digits: int = 8) -> list[str]:
+    """The arithmetic of one block of `osm trace` (a core.record.Step with its values)."""
+    vals = [] if step.values is None else [float(v) for v in step.values]
+    if form == "merge" and step.block_m is not None:
+        bm, bl, w = step.block_m, step.block_l, step.block_weight
+        own = (f"m⁽ᵏ⁾ = max({', '.join(g(v, 6) for v in vals)}) = {g(bm, digits)}"
+               if 0 < len(vals) <= TERMS + 1 else f"m⁽ᵏ⁾ = {g(bm, digits)} (the block's max)")
+        return [
+            own,
+            f"l⁽ᵏ⁾ = {_terms(vals, bm, bl, digits) if vals else g(bl, digits)} = {g(bl, digits)}",
+            _m_line(step, bm, digits, "block's m⁽ᵏ⁾"),
+            _alpha_line(step, digits) + (
+                f",  w = exp({g(bm, digits)} − {g(step.m, digits)}) = {g(w, digits)}"
+                if not math.isinf(step.m) else ""),
+            f"l = {g(step.l_prev, digits)}·{g(step.alpha, digits)} + {g(bl, digits)}·"
+            f"{g(w, digits)} = {g(step.l, digits)}",
+        ]
+    added = step.l - step.l_prev * step.alpha
+    terms = _terms(vals, step.m, added, digits) if vals else g(added, digits)
+    return [
+        _m_line(step, step.block_max, digits),
+        _alpha_line(step, digits),
+        f"l = {g(step.l_prev, digits)}·{g(step.alpha, digits)} + {terms} = {g(step.l, digits)}",
+    ]
+
+
+def attention_lines(step, o_prev: Sequence[float] | None, digits: int = 7) -> list[str]:
+    """The arithmetic of one K/V tile of `osm attention`'s traced row: m, α, l, and
+    O = O·α + P·V on O's leading components (o_prev: the components before the tile)."""
+    if step.masked:
+        return ["skipped, not computed: the mask hides its keys; m, l, O unchanged"]
+    sum_p = step.l - step.l_prev * step.alpha
+    lines = [
+        _m_line(step, step.block_max, digits, "tile max"),
+        _alpha_line(step, digits),
+        f"l = l·α + ΣP = {g(step.l_prev, digits)}·{g(step.alpha, digits)} + {g(sum_p, digits)}"
+        f" = {g(step.l, digits)}",
+    ]
+    if step.o is not None:
+        o = [float(x) for x in step.o][:COMPONENTS]
+        prev = [0.0] * len(o) if o_prev is None else [float(x) for x in o_prev][:COMPONENTS]
+        lines.append("O = O·α + P·V, on O's leading components:")
+        for j, (now, before) in enumerate(zip(o, prev, strict=False)):
+            pv = now - before * step.alpha
+            lines.append(f"  O[{j}] = " + plus(f"{g(before, digits)}·{g(step.alpha, digits)}",
+                                                pv, digits) + f" = {g(now, digits)}")
+    return lines
+
+
+def backward_lines(p: Sequence[float], dp: Sequence[float], d: float, ds: Sequence[float],
+                   keys: Sequence[int], digits: int = 6) -> list[str]:
+    """dS = P∘(dP − D) on the traced query row, one key a line (the caller computed P, dP,
+    D = rowsum(dO∘O) and dS for the tile's keys)."""
+    lines = [f"dS = P∘(dP − D), D = rowsum(dO∘O) = {g(d, digits)}:"]
+    for j, pj, dpj, dsj in zip(keys, p, dp, ds, strict=True):
+        lines.append(f"  dS[{j}] = {g(pj, digits)}·({g(dpj, digits)} − {g(d, digits)}) = "
+                     f"{g(dsj, digits)}")
+    return lines
+
+
+ATTENTION_NOTE = ("P = exp(S − m) on the tile's keys: ΣP is what the tile adds to l, P·V what it "
+                  "adds to O")
+
+__all__ = ["ATTENTION_NOTE", "attention_lines", "backward_lines", "g", "plus", "trace_lines"]
