@@ -117,7 +117,8 @@ def test_attention_explains_o(runner, monkeypatch, width):
 
 
 def test_attention_lines_first_tile_starts_from_zero():
-    from osm_cli import ScoreOptions, Tiling, attention
+    from osm_cli.flash.forward import attention
+    from osm_cli.flash.options import ScoreOptions, Tiling
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((4, 3)) for _ in range(3))
