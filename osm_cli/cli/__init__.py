@@ -2,12 +2,12 @@
 
 options.py declares the choices and shared options once; common.py holds what every command
 shares (consoles, "Error: …" lines and exit codes, output files, step mode, the progress bar);
-trace.py, attention.py, backward.py and tools.py hold the commands. They are registered here in
-the order `osm --help` lists them. A command module imports at its top only typer, the standard
-library, options.py and common.py; numpy, rich and the layers below are imported in the
-command's body, so that `osm --help` starts in a tenth of a second (tests/test_api.py checks it
-loads neither numpy nor rich; benchmarks/bench_startup.py times it). Exit codes: 0 success; 1
-bad input ("Error: …" on stderr); 2 bad option values (Typer).
+trace.py, attention.py, backward.py, tools.py and battery.py hold the commands. They are
+registered here in the order `osm --help` lists them. A command module imports at its top only
+typer, the standard library, options.py and common.py; numpy, rich and the layers below are
+imported in the command's body, so that `osm --help` starts in a tenth of a second
+(tests/test_api.py checks it loads neither numpy nor rich; benchmarks/bench_startup.py times
+it). Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import typer
 
 from . import attention as _attention
 from . import backward as _backward
+from . import battery as _battery
 from . import tools as _tools
 from . import trace as _trace
 from .options import PLOT_LIMIT, VersionOpt
@@ -47,5 +48,6 @@ command(_tools.merge)
 command(_tools.sweep)
 command(_tools.cost)
 command(_attention.check)
+command(_battery.battery)
 
 __all__ = ["PLOT_LIMIT", "app"]

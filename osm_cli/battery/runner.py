@@ -1,0 +1,217 @@
+"""`run(fn, …) -> BatteryReport`: the battery as a library call, and its report record.
+
+Draws the cases the kernel declares (draw.py), judges each (judge.py; an exception or a
+guard is that case's failure and the battery goes on), groups the failures by the tensors they
+fail and the features they use, shrinks the smallest of each group (shrink.py) and gives the
+table of feature × case class. `replay(fn, ID)` reruns one case with the full check report.
+Leaves out: printing (present/battery.py), the command line (cli/battery.py).
+
+Example: run(planted_kernel, features="causal,lse", budget="quick").passed
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from osm_cli.errors import InputError
+
+from .adapters import declared_features, load
+from .cases import CLASSES, ROWS, Case
+from .draw import Declared, draw, head_dims_of
+from .judge import RULES, CaseResult, judge
+from .kernel import ARRAYS, DEVICES, LAYOUTS, Target
+from .shrink import shrink
+
+SHRINK_GROUPS = {"quick": 6, "full": 12}  # failures shrunk per run (the rest are listed)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One kind of failure: how many cases showed it, the first of them, and the smallest case
+    shrinking found, with its replay ID."""
+
+    tensors: tuple[str, ...]
+    features: tuple[str, ...]
+    count: int
+    first: CaseResult
+    smallest: CaseResult
+
+    @property
+    def replay_id(self) -> str:
+        return self.smallest.case.id
+
+
+@dataclass(frozen=True)
+class BatteryReport:
+    target: str
+    declared: Declared
+    rule: str
+    budget: str
+    seed: int
+    results: tuple[CaseResult, ...]
+    failures: tuple[Failure, ...]
+    seconds: float
+    kernel_seconds: float
+    lse_base: str = "e"
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        return sum(not r.passed for r in self.results)
+
+    @property
+    def osm_seconds(self) -> float:
+        """osm's own work: drawing, reference, baseline, judgement, shrinking."""
+        return self.seconds - self.kernel_seconds
+
+    def cell(self, row: str, klass: str) -> tuple[str, int, int]:
+        """(state, failed, cases) of one table cell: state PASS, FAIL, skipped (the kernel
+        does not declare the feature) or none (no case of that class uses it)."""
+        if row != "dense" and row not in self.declared.features:
+            return "skipped", 0, 0
+        mine = [r for r in self.results if r.case.klass == klass and _in_row(r, row)]
+        if row in ("lse", "grad"):
+            tensors = ("lse",) if row == "lse" else ("dq", "dk", "dv")
+            bad = sum(bool(set(r.failed) & {*tensors, "kernel"}) for r in mine)
+        else:
+            bad = sum(not r.passed for r in mine)
+        if not mine:
+            return "none", 0, 0
+        return ("FAIL" if bad else "PASS"), bad, len(mine)
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        return ROWS
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return CLASSES
+
+    @property
+    def nondeterministic(self) -> dict:
+        """tensor -> (cases where reruns differed bitwise, runs differing, largest difference)."""
+        agg: dict = {}
+        for r in self.results:
+            for n in r.nondeterminism:
+                c, runs, d = agg.get(n.tensor, (0, 0, 0.0))
+                agg[n.tensor] = (c + 1, runs + n.runs_differing, max(d, n.max_diff))
+        return agg
+
+
+def _in_row(r: CaseResult, row: str) -> bool:
+    feats = r.case.features
+    if row == "dense":
+        return not feats
+    if row == "lse":
+        return r.report is None or r.report.verdict.lse is not None
+    if row == "grad":
+        return r.report is None or bool(r.report.grads)
+    return row in feats
+
+
+def target_of(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
+              lse_base: str = "e", layout: str = "bnhd", arrays: str | None = None,
+              device: str = "cpu", backend: str | None = None) -> Target:
+    """A Target from a function (or TARGET text) and the options; the one place they are
+    checked. features: "causal,gqa" text or a collection; None: fn.osm_features."""
+    name = fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
+    if isinstance(fn, str):
+        fn = load(fn, backend)
+    elif backend is not None:
+        raise InputError("backend applies to the sdpa target only")
+    if features is None:
+        feats = declared_features(fn) or frozenset()
+    elif isinstance(features, str):
+        feats = frozenset(x.strip() for x in features.split(",") if x.strip())
+    else:
+        feats = frozenset(features)
+    dims = head_dims_of(head_dims) if head_dims is None or isinstance(head_dims, str) \
+        else tuple(head_dims)
+    dts = tuple(x.strip() for x in dtypes.split(",")) if isinstance(dtypes, str) \
+        else tuple(dtypes)
+    declared = Declared(feats, dims, dts)
+    for value, allowed, what in ((lse_base, ("e", "2"), "LSE base"),
+                                 (layout, LAYOUTS, "layout"), (device, DEVICES, "device")):
+        if value not in allowed:
+            raise InputError(f"{what} must be one of {', '.join(allowed)}, not {value!r}")
+    arrays = arrays or getattr(fn, "osm_arrays", None) or _default_arrays()
+    if arrays not in ARRAYS:
+        raise InputError(f"arrays must be one of {', '.join(ARRAYS)}, not {arrays!r}")
+    if arrays == "torch" and not _has_torch():
+        raise InputError("torch is not installed: give arrays='numpy' (--arrays numpy)")
+    if device == "cuda" and arrays == "numpy":
+        raise InputError("numpy arrays live on the CPU; --device cuda needs torch tensors")
+    return Target(fn, name, declared, lse_base, layout, arrays, device)
+
+
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _default_arrays() -> str:
+    return "torch" if _has_torch() else "numpy"
+
+
+def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
+        lse_base: str = "e", layout: str = "bnhd", arrays: str | None = None,
+        device: str = "cpu", backend: str | None = None, budget: str = "quick",
+        cases: int | None = None, seed: int = 0, rule: str = "fa", repeat: int = 1,
+        shrinking: bool = True, progress: Callable | None = None) -> BatteryReport:
+    """Drive `fn` through the battery; the report says what passed, what failed and the
+    smallest case of each failure. progress(done, total), if given, is called per case."""
+    if rule not in RULES:
+        raise InputError(f"rule must be one of {', '.join(RULES)}, not {rule!r}")
+    if repeat < 1:
+        raise InputError(f"repeat must be 1 or more, not {repeat}")
+    target = target_of(fn, features=features, head_dims=head_dims, dtypes=dtypes,
+                       lse_base=lse_base, layout=layout, arrays=arrays, device=device,
+                       backend=backend)
+    t0 = time.perf_counter()
+    todo = [c for c in draw(target.declared, budget, cases, seed) if target.declared.allows(c)]
+    results = []
+    for i, case in enumerate(todo):
+        results.append(judge(target, case, rule, repeat))
+        if progress is not None:
+            progress(i + 1, len(todo))
+    failures = _failures(target, results, rule, budget if shrinking else None)
+    spent = time.perf_counter() - t0
+    kernel_s = sum(r.kernel_seconds for r in results) + sum(
+        f.smallest.kernel_seconds for f in failures)
+    return BatteryReport(target.name, target.declared, rule, budget, seed, tuple(results),
+                         tuple(failures), spent, kernel_s, lse_base)
+
+
+def _failures(target: Target, results: list, rule: str, budget: str | None) -> list[Failure]:
+    groups: dict = {}
+    for r in results:
+        if not r.passed:
+            groups.setdefault((r.failed[0], r.case.features), []).append(r)
+    out, seen = [], set()
+    for n, ((_, feats), rs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+        first = min(rs, key=lambda r: r.case.size)
+        small = first
+        if budget is not None and n < SHRINK_GROUPS[budget]:
+            small = shrink(target, first, rule)
+        if small.case.id in seen:
+            continue
+        seen.add(small.case.id)
+        out.append(Failure(small.failed, feats, len(rs), first, small))
+    return out
+
+
+def replay(fn: Callable | str, case_id: str, *, rule: str = "fa", repeat: int = 1,
+           **options) -> CaseResult:
+    """Rerun exactly the case `case_id` (a replay line's ID) with its full check report."""
+    case = Case.parse(case_id)
+    target = target_of(fn, **options)
+    return judge(target, case, rule, repeat, top=5)
+
+
+__all__ = ["BatteryReport", "Failure", "replay", "run", "target_of"]

@@ -1,0 +1,149 @@
+"""osm battery: drive an attention kernel through the cases where real kernels break, shrink
+what fails, name why. The command parses options, calls osm_cli.battery (run or replay) and
+prints present/battery.py's report. Exit 0 every case passes, 1 any fails (or bad input), 2 bad
+options or TARGET. Leaves out: everything it calls.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from osm_cli.errors import InputError
+
+from .common import check_outputs, emit_json, err, fail, guarded, out, save
+from .options import JsonOpt
+
+
+def _choices(name: str, values) -> type[Enum]:
+    return Enum(name, [(v.replace(".", "_").replace("-", "_"), v) for v in values], type=str)
+
+
+Budget = _choices("Budget", ("quick", "full"))
+Rule = _choices("Rule", ("fa", "model"))
+Base = Enum("Base", [("e", "e"), ("n2", "2")], type=str)
+BLayout = _choices("BLayout", ("bnhd", "bhnd"))
+Arrays = _choices("Arrays", ("torch", "numpy"))
+Device = _choices("Device", ("cpu", "cuda"))
+Backend = _choices("Backend", ("flash", "efficient", "cudnn", "math"))
+FEATURES_HELP = ("The features the kernel takes, comma-separated: causal, gqa, window, softcap, "
+                 "alibi, sink, varlen, paged, lse, grad (default: the function's osm_features).")
+
+
+@guarded
+def battery(
+    target: Annotated[str, typer.Argument(
+        help="path/to/file.py:function, package.module:function, or a built-in: sdpa, flex, "
+        "flash_attn, flash_attn.cute, osm:fa2, osm:fa4.", metavar="TARGET", show_default=False)],
+    features: Annotated[str | None, typer.Option("--features", help=FEATURES_HELP)] = None,
+    head_dims: Annotated[str | None, typer.Option(
+        "--head-dims", help="Head dims the kernel takes, comma-separated, or 'fa' for "
+        "FlashAttention's test list [default: 32,64,96,128].")] = None,
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="Dtypes the kernel takes: bf16, fp16 or bf16,fp16.")] = "bf16",
+    lse_base: Annotated[Base, typer.Option(
+        "--lse-base", help="The base of the kernel's LSE: e (FlashAttention, PyTorch) or 2 "
+        "(FlashInfer, Triton's tutorial).")] = Base.e,
+    layout: Annotated[BLayout, typer.Option(
+        "--layout", help="q, k, v as (B, N, H, d) (bnhd, FlashAttention's) or (B, H, N, d).")
+    ] = BLayout.bnhd,
+    arrays: Annotated[Arrays | None, typer.Option(
+        "--arrays", help="Hand the kernel torch tensors or numpy arrays [default: torch when "
+        "installed].", show_default=False)] = None,
+    device: Annotated[Device, typer.Option("--device", help="Where q, k, v live.")] = Device.cpu,
+    backend: Annotated[Backend | None, typer.Option(
+        "--backend", help="sdpa only: the backend to force (CUDA).", show_default=False)] = None,
+    budget: Annotated[Budget, typer.Option(
+        "--budget", help="quick (about 45 cases) or full (all of FlashAttention's pairs).")
+    ] = Budget.quick,
+    cases: Annotated[int | None, typer.Option(
+        "--cases", min=0, help="Random cases drawn from the declared space [default: 12 quick, "
+        "60 full].", show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the case list.")] = 0,
+    rule: Annotated[Rule, typer.Option(
+        "--rule", help="fa: FlashAttention's test rule; model: within 1.25× osm's model of "
+        "the kernel.")] = Rule.fa,
+    repeat: Annotated[int, typer.Option(
+        "--repeat", min=1, help="Run each case R times and report bitwise nondeterminism.")] = 1,
+    replay: Annotated[str | None, typer.Option(
+        "--replay", metavar="ID", help="Rerun exactly the case ID (from a FAIL's replay line) "
+        "with osm check's full report.")] = None,
+    no_shrink: Annotated[bool, typer.Option(
+        "--no-shrink", help="List failures without shrinking them.")] = False,
+    as_json: JsonOpt = False,
+    junit: Annotated[Path | None, typer.Option(
+        "--junit", metavar="FILE", help="Write JUnit XML for CI here.")] = None,
+):
+    """Drive an attention kernel through the cases where real kernels break.
+
+    The kernel is called as fn(q, k, v, **kw) -> out or (out, lse), with FlashAttention's
+    keyword names for the features it declares; each case is judged by osm check's rule
+    against osm's float64 reference; each kind of failure is shrunk to its smallest case, with
+    a line that replays it. Exit 0: every case passed; 1: a case failed.
+
+    \b
+    Examples:
+      osm battery mykernel.py:attn --features causal,gqa,lse --dtype bf16
+      osm battery osm:fa2 --arrays numpy --budget quick
+      osm battery sdpa --device cuda --backend flash --features causal,gqa,grad
+      osm battery mykernel.py:attn --replay b1h2g1-q65k128-d64-bf16-causal-s7
+    """
+    from osm_cli.battery.runner import replay as replay_case
+    from osm_cli.battery.runner import run, target_of
+    from osm_cli.present import battery as view
+
+    opts = {"features": features, "head_dims": head_dims, "dtypes": dtype,
+            "lse_base": lse_base.value, "layout": layout.value,
+            "arrays": arrays.value if arrays else None, "device": device.value,
+            "backend": backend.value if backend else None}
+    check_outputs(junit=junit)
+    try:
+        target_of(target, **opts)
+        if replay is not None:
+            from osm_cli.battery.cases import Case
+
+            Case.parse(replay)
+    except InputError as exc:
+        fail(str(exc), 2)
+    again = _replay_command(target, features, lse_base.value, layout.value, arrays,
+                            device.value, backend, rule.value)
+    if replay is not None:
+        res = replay_case(target, replay, rule=rule.value, repeat=repeat, **opts)
+        if as_json:
+            emit_json(view.result_doc(res))
+        else:
+            out.print(view.replay_report(res, target))
+        if not res.passed:
+            err.print(f"FAIL: {res.message}", markup=False, soft_wrap=True)
+            raise typer.Exit(1)
+        return
+    rep = run(target, budget=budget.value, cases=cases, seed=seed, rule=rule.value,
+              repeat=repeat, shrinking=not no_shrink, **opts)
+    if junit is not None:
+        save((junit, view.junit_xml(rep), "JUnit XML"))
+    if as_json:
+        emit_json(view.battery_doc(rep, again))
+    else:
+        out.print(view.battery_report(rep, again))
+    if not rep.passed:
+        err.print(f"FAIL: {rep.failed} of {len(rep.results)} cases failed", markup=False,
+                  soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _replay_command(target, features, lse_base, layout, arrays, device, backend,
+                    rule) -> str:
+    """`osm battery TARGET` with the options a replay needs to call the kernel alike."""
+    parts = ["osm battery", target]
+    for flag, value, default in (("--features", features, None), ("--lse-base", lse_base, "e"),
+                                 ("--layout", layout, "bnhd"),
+                                 ("--arrays", arrays.value if arrays else None, None),
+                                 ("--device", device, "cpu"),
+                                 ("--backend", backend.value if backend else None, None),
+                                 ("--rule", rule, "fa")):
+        if value is not None and value != default:
+            parts += [flag, value]
+    return " ".join(parts)
