@@ -90,4 +90,51 @@ def assert_attention_close(
                          f"{fail_line(rep)}\n\n{as_text(check_report(rep, 'out', top))}")
 
 
-__all__ = ["KERNELS", "as_numpy", "assert_attention_close"]
+def battery_cases(*, features=None, head_dims=None, dtypes="bf16", budget: str = "quick",
+                  cases: int | None = None, seed: int = 0) -> list:
+    """The battery's cases (osm_cli.battery.Case) for a kernel declaring `features`, to
+    parametrize a suite with: each case's str is its replay ID.
+
+    Example:
+        @pytest.mark.parametrize("case", battery_cases(features="causal,lse"), ids=str)
+        def test_attn(case):
+            assert_battery(attn, case=case, features="causal,lse")
+    """
+    from osm_cli.battery.draw import Declared, draw, head_dims_of
+    from osm_cli.battery.runner import parse_list
+
+    feats = parse_list(features) if features is not None else frozenset()
+    dims = head_dims_of(head_dims) if head_dims is None or isinstance(head_dims, str) \
+        else tuple(head_dims)
+    declared = Declared(feats, dims, tuple(parse_list(dtypes, ordered=True)))
+    return [c for c in draw(declared, budget, cases, seed) if declared.allows(c)]
+
+
+def assert_battery(fn, *, case=None, msg: str | None = None, **options) -> None:
+    """Raise AssertionError, with osm battery's report, unless `fn` passes the battery (or,
+    given `case`, a Case or its replay ID, that one case). options: osm_cli.battery.run's
+    (features, head_dims, dtypes, lse_base, layout, arrays, device, budget, cases, seed, rule,
+    repeat)."""
+    __tracebackhide__ = True
+    from osm_cli.battery.runner import replay, run
+    from osm_cli.present.battery import battery_report, replay_report
+    from osm_cli.present.console import as_text
+
+    head = f"{msg}\n" if msg else ""
+    if case is not None:
+        res = replay(fn, str(case), **options)
+        if not res.passed:
+            raise AssertionError(f"{head}battery case {res.case.id} fails: {res.message}\n\n"
+                                 f"{as_text(replay_report(res, _name(fn)))}")
+        return
+    rep = run(fn, **options)
+    if not rep.passed:
+        raise AssertionError(f"{head}{rep.failed} of {len(rep.results)} battery cases fail\n\n"
+                             f"{as_text(battery_report(rep, 'osm battery ' + _name(fn)))}")
+
+
+def _name(fn) -> str:
+    return fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
+
+
+__all__ = ["KERNELS", "as_numpy", "assert_attention_close", "assert_battery", "battery_cases"]

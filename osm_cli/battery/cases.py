@@ -71,6 +71,9 @@ class Case:
     seed: int = 0
     klass: str = "random"  # not part of the ID
 
+    def __str__(self) -> str:
+        return self.id
+
     @property
     def features(self) -> tuple[str, ...]:
         """The shaping features this case exercises."""

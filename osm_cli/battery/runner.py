@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from osm_cli.errors import InputError
 
@@ -22,6 +22,7 @@ from .cases import CLASSES, ROWS, Case
 from .draw import Declared, draw, head_dims_of
 from .judge import RULES, CaseResult, judge
 from .kernel import ARRAYS, DEVICES, LAYOUTS, Target
+from .probe import probe
 from .shrink import shrink
 
 SHRINK_GROUPS = {"quick": 6, "full": 12}  # failures shrunk per run (the rest are listed)
@@ -124,17 +125,11 @@ def target_of(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16
         fn = load(fn, backend)
     elif backend is not None:
         raise InputError("backend applies to the sdpa target only")
-    if features is None:
-        feats = declared_features(fn) or frozenset()
-    elif isinstance(features, str):
-        feats = frozenset(x.strip() for x in features.split(",") if x.strip())
-    else:
-        feats = frozenset(features)
+    feats = (declared_features(fn) or frozenset()) if features is None else \
+        parse_list(features)
     dims = head_dims_of(head_dims) if head_dims is None or isinstance(head_dims, str) \
         else tuple(head_dims)
-    dts = tuple(x.strip() for x in dtypes.split(",")) if isinstance(dtypes, str) \
-        else tuple(dtypes)
-    declared = Declared(feats, dims, dts)
+    declared = Declared(feats, dims, tuple(parse_list(dtypes, ordered=True)))
     for value, allowed, what in ((lse_base, ("e", "2"), "LSE base"),
                                  (layout, LAYOUTS, "layout"), (device, DEVICES, "device")):
         if value not in allowed:
@@ -147,6 +142,13 @@ def target_of(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16
     if device == "cuda" and arrays == "numpy":
         raise InputError("numpy arrays live on the CPU; --device cuda needs torch tensors")
     return Target(fn, name, declared, lse_base, layout, arrays, device)
+
+
+def parse_list(x, ordered: bool = False):
+    """"causal,gqa" (or a collection) as a frozenset, or with ordered a tuple in order."""
+    items = [s.strip() for s in x.split(",")] if isinstance(x, str) else list(x)
+    items = [s for s in items if s]
+    return tuple(dict.fromkeys(items)) if ordered else frozenset(items)
 
 
 def _has_torch() -> bool:
@@ -163,13 +165,17 @@ def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
         lse_base: str = "e", layout: str = "bnhd", arrays: str | None = None,
         device: str = "cpu", backend: str | None = None, budget: str = "quick",
         cases: int | None = None, seed: int = 0, rule: str = "fa", repeat: int = 1,
-        shrinking: bool = True, progress: Callable | None = None) -> BatteryReport:
+        shrinking: bool = True, max_failures: int | None = None,
+        progress: Callable | None = None) -> BatteryReport:
     """Drive `fn` through the battery; the report says what passed, what failed and the
-    smallest case of each failure. progress(done, total), if given, is called per case."""
+    smallest case of each failure. max_failures: stop after that many failing cases (the rest
+    are not run); progress(done, total), if given, is called per case."""
     if rule not in RULES:
         raise InputError(f"rule must be one of {', '.join(RULES)}, not {rule!r}")
     if repeat < 1:
         raise InputError(f"repeat must be 1 or more, not {repeat}")
+    if max_failures is not None and max_failures < 1:
+        raise InputError(f"max failures must be 1 or more, not {max_failures}")
     target = target_of(fn, features=features, head_dims=head_dims, dtypes=dtypes,
                        lse_base=lse_base, layout=layout, arrays=arrays, device=device,
                        backend=backend)
@@ -180,6 +186,8 @@ def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
         results.append(judge(target, case, rule, repeat))
         if progress is not None:
             progress(i + 1, len(todo))
+        if max_failures is not None and sum(not r.passed for r in results) >= max_failures:
+            break
     failures = _failures(target, results, rule, budget if shrinking else None)
     spent = time.perf_counter() - t0
     kernel_s = sum(r.kernel_seconds for r in results) + sum(
@@ -193,17 +201,19 @@ def _failures(target: Target, results: list, rule: str, budget: str | None) -> l
     for r in results:
         if not r.passed:
             groups.setdefault((r.failed[0], r.case.features), []).append(r)
-    out, seen = [], set()
-    for n, ((_, feats), rs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+    found: dict = {}  # a shrunk case but for its seed -> [Failure fields]
+    for n, rs in enumerate(sorted(groups.values(), key=len, reverse=True)):
         first = min(rs, key=lambda r: r.case.size)
         small = first
         if budget is not None and n < SHRINK_GROUPS[budget]:
             small = shrink(target, first, rule)
-        if small.case.id in seen:
+            small = replace(small, convention=probe(target, small))
+        key = small.case.id.rsplit("-s", 1)[0]  # the same case but for its seed: one failure
+        if key in found:
+            found[key][2] += len(rs)
             continue
-        seen.add(small.case.id)
-        out.append(Failure(small.failed, feats, len(rs), first, small))
-    return out
+        found[key] = [small.failed, small.case.features, len(rs), first, small]
+    return [Failure(t, f, c, first, small) for t, f, c, first, small in found.values()]
 
 
 def replay(fn: Callable | str, case_id: str, *, rule: str = "fa", repeat: int = 1,
@@ -211,7 +221,8 @@ def replay(fn: Callable | str, case_id: str, *, rule: str = "fa", repeat: int = 
     """Rerun exactly the case `case_id` (a replay line's ID) with its full check report."""
     case = Case.parse(case_id)
     target = target_of(fn, **options)
-    return judge(target, case, rule, repeat, top=5)
+    res = judge(target, case, rule, repeat, top=5)
+    return replace(res, convention=probe(target, res)) if not res.passed else res
 
 
 __all__ = ["BatteryReport", "Failure", "replay", "run", "target_of"]

@@ -71,6 +71,9 @@ def battery(
     replay: Annotated[str | None, typer.Option(
         "--replay", metavar="ID", help="Rerun exactly the case ID (from a FAIL's replay line) "
         "with osm check's full report.")] = None,
+    max_failures: Annotated[int | None, typer.Option(
+        "--max-failures", min=1, metavar="N", help="Stop after N failing cases.",
+        show_default=False)] = None,
     no_shrink: Annotated[bool, typer.Option(
         "--no-shrink", help="List failures without shrinking them.")] = False,
     as_json: JsonOpt = False,
@@ -121,7 +124,8 @@ def battery(
             raise typer.Exit(1)
         return
     rep = run(target, budget=budget.value, cases=cases, seed=seed, rule=rule.value,
-              repeat=repeat, shrinking=not no_shrink, **opts)
+              repeat=repeat, shrinking=not no_shrink, max_failures=max_failures,
+              **opts)
     if junit is not None:
         save((junit, view.junit_xml(rep), "JUnit XML"))
     if as_json:

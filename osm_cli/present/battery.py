@@ -29,6 +29,10 @@ def _cell(state: str, bad: int, n: int) -> Text:
     return Text("skipped" if state == "skipped" else "–", style=STYLE[state])
 
 
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def case_text(case) -> str:
     """'B 1, H 2/1, N_q 65, N_k 128, d 64, bf16, causal': a case for people."""
     parts = [f"B {case.b}", f"H {case.h}" + (f"/{case.hkv}" if case.hkv != case.h else ""),
@@ -61,8 +65,7 @@ def battery_report(rep, replay_cmd: str) -> Group:
     for i, f in enumerate(rep.failures, 1):
         s = f.smallest
         lines = [("smallest case", case_text(s.case)),
-                 ("failed", ", ".join(s.failed) + (f"  ({f.count} case"
-                                                    f"{'s' if f.count != 1 else ''} like it)"))]
+                 ("failed", ", ".join(s.failed) + f"  ({_n(f.count, 'case')} failed like it)")]
         lines.append(("rule", s.message))
         if s.bound is not None:
             lines.append(("bound", f"{s.bound:.3g} (error {s.err:.3g})"))
@@ -86,7 +89,7 @@ def battery_report(rep, replay_cmd: str) -> Group:
     passed = len(rep.results) - rep.failed
     parts.append(kv_table([
         ("cases", f"{len(rep.results)}: {passed} passed, {rep.failed} failed"
-                  + (f"; {len(rep.failures)} kinds of failure" if rep.failures else "")),
+                  + (f"; {_n(len(rep.failures), 'kind')} of failure" if rep.failures else "")),
         ("time", f"{rep.seconds:.1f} s: the kernel {rep.kernel_seconds:.1f} s, osm "
                  f"{rep.osm_seconds:.1f} s"),
         ("verdict", pass_fail(rep.passed)),
