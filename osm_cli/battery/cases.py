@@ -199,7 +199,7 @@ def inputs(case: Case) -> dict:
     sigma = 16.0 if case.edge == "big" else 1.0
     qs = [_values(rng, (n, case.h, case.d), sigma, case.edge, "q") for n in qn]
     ks = [_values(rng, (n, case.hkv, case.d), sigma, case.edge, "k") for n in kn]
-    vs = [rng.standard_normal((n, case.hkv, case.d)) for n in kn]
+    vs = [rng.standard_normal((n, case.hkv, case.d), dtype=np.float32) for n in kn]
     extra: dict = {}
     if case.varlen:
         q = np.concatenate(qs)
@@ -218,12 +218,13 @@ def inputs(case: Case) -> dict:
     if case.sink:
         extra["learnable_sink"] = rng.uniform(-2.0, 2.0, case.h).astype(np.float32)
     rounded = {n: x.astype(dt).astype(np.float32) for n, x in
-               (("q", q), ("k", k), ("v", v), ("dout", rng.standard_normal(q.shape)))}
+               (("q", q), ("k", k), ("v", v),
+                ("dout", rng.standard_normal(q.shape, dtype=np.float32)))}
     return {**rounded, **extra}
 
 
 def _values(rng, shape, sigma: float, edge: str, which: str) -> np.ndarray:
-    x = rng.standard_normal(shape) * sigma
+    x = rng.standard_normal(shape, dtype=np.float32) * np.float32(sigma)
     n = shape[0]
     if edge == "ties" and which == "k" and n:
         x[:] = x[:1]  # every key alike: each row's scores all tie
@@ -232,7 +233,7 @@ def _values(rng, shape, sigma: float, edge: str, which: str) -> np.ndarray:
         if which == "q":
             x[..., 0] = 4.0
         else:  # scores rise by 1.5 over the whole row: far below τ per tile
-            x[..., 0] = np.linspace(0.0, 3.0, n)[:, None]
+            x[..., 0] = np.linspace(0.0, 3.0, n, dtype=np.float32)[:, None]
     return x
 
 
@@ -245,8 +246,8 @@ def _paged(case: Case, ks, vs, kn, rng):
     pool = sum(need) + 1
     order = rng.permutation(pool)
     shape = (pool, ps, case.hkv, case.d)
-    k = rng.choice([-POISON, POISON], size=shape)
-    v = rng.choice([-POISON, POISON], size=shape)
+    k = rng.choice(np.float32([-POISON, POISON]), size=shape)
+    v = rng.choice(np.float32([-POISON, POISON]), size=shape)
     table = np.zeros((case.b, width), dtype=np.int32)
     at = 0
     for b, n in enumerate(kn):

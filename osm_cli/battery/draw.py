@@ -83,7 +83,8 @@ class _Maker:
         case = Case(
             b=b or (3 if ("varlen" in on or "paged" in on) else 2), h=h, hkv=hkv, nq=nq, nk=nk,
             d=d, dtype=dtype, causal="causal" in on, window=window,
-            softcap=SOFTCAPS[self.n % 2] if "softcap" in on else None, alibi="alibi" in on,
+            softcap=(SOFTCAPS[0] if "causal" in on else SOFTCAPS[self.n % 2])
+            if "softcap" in on else None, alibi="alibi" in on,
             sink="sink" in on, varlen="varlen" in on,
             page=PAGE_SIZES[self.n % 2] if "paged" in on and "varlen" not in on else 0,
             edge=edge, seed=int(rng.integers(2**31)), klass=klass)
@@ -119,7 +120,11 @@ def _fa_shapes(mk: _Maker, shaping: tuple, budget: str) -> list[Case]:
             pairs = [*FA_PAIRS, *FA_DECODE_PAIRS]
         # GQA rides along with the other features when declared: most real models use it
         extra = ("gqa",) if "gqa" in shaping and on and on[0] != "gqa" and i % 2 else ()
-        out += [mk.make("fa-shapes", t, s, on + extra) for t, s in pairs]
+        # the score modifiers meet the mask too: where softcap-after-mask bugs live
+        masked = ("causal",) if "causal" in shaping and set(on) & {"softcap", "alibi", "sink"} \
+            else ()
+        out += [mk.make("fa-shapes", t, s, on + extra + (masked if j == 1 else ()))
+                for j, (t, s) in enumerate(pairs)]
     return out
 
 

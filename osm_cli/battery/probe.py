@@ -20,10 +20,13 @@ from .judge import CaseResult, verdict
 from .kernel import Target, call
 
 
-def _alternatives(case: Case, failed: set) -> list:
-    """(description, how to judge): how is (case, data-edit, check overrides, lse factor)."""
+def _alternatives(case: Case, failed: set, base: str = "e") -> list:
+    """(description, data edit, check overrides, factor on the LSE osm read)."""
     alts = []
-    if "lse" in failed:
+    if "lse" in failed and base == "2":
+        alts.append(("the LSE is in base e (natural log, FlashAttention's and PyTorch's "
+                     "convention), not base 2: drop --lse-base 2", None, {}, 1 / math.log(2)))
+    elif "lse" in failed:
         alts.append(("the LSE is in base 2 (m·log₂e + log₂ l, FlashInfer's and Triton's "
                      "convention): give --lse-base 2 if that is the kernel's contract",
                      None, {}, math.log(2)))
@@ -55,17 +58,25 @@ def _expand_mod(case: Case, data: dict) -> tuple[Case, dict]:
     return replace(case, hkv=case.h), data
 
 
-def probe(target: Target, res: CaseResult) -> str:
-    """The first alternative convention under which res's failing tensors pass; '' if none."""
+def probe(target: Target, res: CaseResult) -> CaseResult:
+    """res with its convention (the first alternative under which its failing tensors pass)
+    and its location (locate) filled in."""
     if res.passed or "kernel" in res.failed:
-        return ""
+        return res
     case = res.case
     data = inputs(case)
     got = call(target, case, data)
     if got.error:
-        return ""
+        return res
+    where = locate(case, data, got, res.failed[0], res.bound) if res.bound is not None else ""
+    return replace(res, convention=_convention(target, res, data, got),
+                   where=where or res.where)
+
+
+def _convention(target: Target, res: CaseResult, data: dict, got) -> str:
+    case = res.case
     failed = set(res.failed)
-    for text, edit, overrides, lse_factor in _alternatives(case, failed):
+    for text, edit, overrides, lse_factor in _alternatives(case, failed, target.lse_base):
         c, d = case, data
         if edit == "gqa_mod":
             c, d = _expand_mod(case, data)
@@ -84,3 +95,67 @@ def probe(target: Target, res: CaseResult) -> str:
 
 
 __all__ = ["probe"]
+
+
+def _ranges(xs, most: int = 4) -> str:
+    """[0, 1, 2, 5] -> '0–2, 5' (at most `most` ranges, then '…')."""
+    xs = sorted(set(int(x) for x in xs))
+    runs: list = []
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    text = ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:most])
+    return text + (", …" if len(runs) > most else "")
+
+
+def locate(case: Case, data: dict, got, tensor: str, bound: float) -> str:
+    """Which sequences, heads and queries of `tensor` (out or lse) are over `bound`, against
+    osm's float64 reference: 'queries 64–97 of 98; heads 0–3 of 4; batch 0 of 1', and whether
+    they are exactly the rows that see no key."""
+    from osm_cli.flash.reference import reference
+    from osm_cli.precision.rule import lse_errors
+
+    from .judge import check_options
+
+    if tensor not in ("out", "lse") or got.out is None:
+        return ""
+    q, k, v = (np.asarray(data[n], dtype=np.float64) for n in ("q", "k", "v"))
+    ref, ref_lse = reference(q, k, v, **check_options(case, data))
+    if tensor == "out":
+        with np.errstate(invalid="ignore"):
+            err = np.abs(np.asarray(got.out, np.float64) - ref).max(axis=-1, initial=0.0)
+        empty = np.isneginf(ref_lse)
+        if case.varlen:  # (total, H)
+            err, empty = err.T, (empty if empty.shape == err.T.shape else empty.T)
+        elif not case.page:  # (B, N, H)
+            err, empty = err.swapaxes(1, 2), empty.swapaxes(1, 2)
+        else:
+            err = err.swapaxes(1, 2)
+    else:
+        if got.lse is None:
+            return ""
+        err = lse_errors(got.lse, ref_lse)
+        empty = np.isneginf(ref_lse)
+        if not case.varlen and not case.page:
+            err, empty = err.swapaxes(1, 2), empty.swapaxes(1, 2)
+    over = ~(err <= bound)
+    if not over.any():
+        return ""
+    if case.varlen:  # (H, total): rows to (sequence, query)
+        cu = data["cu_seqlens_q"]
+        h_idx, row = np.nonzero(over)
+        seq = np.searchsorted(cu, row, side="right") - 1
+        where = [f"sequences {_ranges(seq)} of {case.b}", f"heads {_ranges(h_idx)} of {case.h}",
+                 f"queries {_ranges(row - cu[seq])}"]
+    else:
+        b_idx, h_idx, row = np.nonzero(over)
+        where = [f"queries {_ranges(row)} of {err.shape[-1]}",
+                 f"heads {_ranges(h_idx)} of {case.h}", f"batches {_ranges(b_idx)} of {case.b}"]
+    text = f"{tensor} over the bound at " + "; ".join(where)
+    if empty[over].all():
+        text += " (exactly rows that see no key)"
+    elif empty.any() and not over[empty].any():
+        text += " (the rows that see no key pass)"
+    return text

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from osm_cli.errors import InputError
 
@@ -207,7 +207,7 @@ def _failures(target: Target, results: list, rule: str, budget: str | None) -> l
         small = first
         if budget is not None and n < SHRINK_GROUPS[budget]:
             small = shrink(target, first, rule)
-            small = replace(small, convention=probe(target, small))
+            small = probe(target, small)
         key = small.case.id.rsplit("-s", 1)[0]  # the same case but for its seed: one failure
         if key in found:
             found[key][2] += len(rs)
@@ -222,7 +222,7 @@ def replay(fn: Callable | str, case_id: str, *, rule: str = "fa", repeat: int = 
     case = Case.parse(case_id)
     target = target_of(fn, **options)
     res = judge(target, case, rule, repeat, top=5)
-    return replace(res, convention=probe(target, res)) if not res.passed else res
+    return probe(target, res)
 
 
 __all__ = ["BatteryReport", "Failure", "replay", "run", "target_of"]

@@ -50,7 +50,8 @@ def _sizes(case: Case, head_dims: tuple[int, ...], halve: bool) -> Iterator[Case
     def down(n: int, lo: int) -> list[int]:
         if halve:
             return [n // 2] if n // 2 >= lo else []
-        return sorted({n - max(1, n // 8), n - 1} - {n}, reverse=True) if n - 1 >= lo else []
+        steps = {n - max(1, n // 4), n - max(1, n // 8), n - 2, n - 1}
+        return sorted(x for x in steps if lo <= x < n)
 
     for b in down(case.b, 1):
         yield replace(case, b=b, lens=None if case.lens is None else case.lens[:b])

@@ -133,7 +133,9 @@ def battery(
     else:
         out.print(view.battery_report(rep, again))
     if not rep.passed:
-        err.print(f"FAIL: {rep.failed} of {len(rep.results)} cases failed", markup=False,
+        stopped = max_failures is not None and rep.failed >= max_failures
+        err.print(f"FAIL: {rep.failed} of {len(rep.results)} cases failed"
+                  + (" (stopped at --max-failures)" if stopped else ""), markup=False,
                   soft_wrap=True)
         raise typer.Exit(1)
 

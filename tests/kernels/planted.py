@@ -125,8 +125,7 @@ def _attend(q, k, v, scale, causal, window, softcap, slopes, sink, bug):
                 dist = np.abs(np.arange(i0, i1)[:, None] + s - t - np.arange(j0, j1)[None, :])
                 sc = sc - slopes[:, None, None].astype(np.float32) * dist.astype(np.float32)
             if vis is not None:
-                sc = np.where(vis, sc, np.float32(-np.inf if bug != "softcap_after_mask"
-                                                  else -1e30))
+                sc = np.where(vis, sc, np.float32(-np.inf))
             if softcap and bug == "softcap_after_mask":
                 sc = np.float32(softcap) * np.tanh(sc / np.float32(softcap))
             m_new = np.maximum(m, sc.max(axis=-1, initial=-np.inf))
