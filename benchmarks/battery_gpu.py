@@ -5,8 +5,9 @@ python/tutorials/06-fused-attention.py (loaded from --triton PATH, never committ
 `attention(q, k, v, causal, sm_scale)` takes (B, H, N, d) with N_q = N_k, fp16), PyTorch's SDPA
 backends (flash, efficient, cudnn, math; causal bottom-right through causal_lower_right, GQA
 through enable_gqa, gradients), torch's flex_attention (eager), and FlashAttention-4
-(flash_attn.cute) when it imports. Each battery's table is written to OUT/NAME.txt and its JSON
-to OUT/NAME.json, and a summary line printed. osm judges on the CPU (its float64 reference in
+(flash_attn.cute) when it imports. Every battery's table is appended to OUT/battery.txt (with
+the command it stands for) and its JSON document to OUT/battery.json, as each ends, and a
+summary line printed. osm judges on the CPU (its float64 reference in
 numpy); the kernels run on the GPU.
 
     python benchmarks/battery_gpu.py --triton gpu-battery/06-fused-attention.py --out $OUT
@@ -66,7 +67,7 @@ def targets(args) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--triton", help="path of 06-fused-attention.py")
-    ap.add_argument("--out", default=".", help="folder for NAME.txt and NAME.json")
+    ap.add_argument("--out", default=".", help="folder for battery.txt and battery.json")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--budget", default="quick", choices=("quick", "full"))
     ap.add_argument("--cases", type=int, default=None)
@@ -81,6 +82,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    docs: dict = {}
     for name, fn, opts in targets(args):
         if args.only and name not in args.only:
             continue
@@ -97,8 +99,10 @@ def main() -> None:
         except Exception as exc:  # an adapter that cannot start: say so, go on
             print(f"{name}: could not run: {type(exc).__name__}: {exc}", flush=True)
             continue
-        (out / f"{name}.txt").write_text(f"$ {cmd}\n" + as_text(battery_report(rep, cmd), 100))
-        (out / f"{name}.json").write_text(dumps(battery_doc(rep, cmd)))
+        with open(out / "battery.txt", "a", encoding="utf-8") as f:
+            f.write(f"$ {cmd}\n" + as_text(battery_report(rep, cmd), 100) + "\n")
+        docs[name] = battery_doc(rep, cmd)
+        (out / "battery.json").write_text(dumps(docs))
         kinds = "; ".join(f"{', '.join(f.tensors)} @ {f.smallest.case.id}: {f.smallest.message}"
                           for f in rep.failures[:3])
         print(f"{name}: {len(rep.results)} cases, {rep.failed} failed, kernel "

@@ -227,19 +227,24 @@ def _osm_model(kernel: str) -> Callable:
         from osm_cli.precision.model import model
 
         packed = cu_seqlens_q is not None or page_table is not None
+        # a dense batch runs as (B, H, N, d): osm's FA2 split-KV path mishandles bnhd (its
+        # combine broadcasts (B, N, H) partials against (B, H, N) LSEs; the battery found it)
+        dense = not packed
         opts = ScoreOptions(
-            causal=causal, scale=softmax_scale, layout="bnhd",
+            causal=causal, scale=softmax_scale, layout="bhnd" if dense else "bnhd",
             window=None if window_size is None else tuple(int(w) for w in window_size),
             softcap=softcap or None, alibi_slopes=alibi_slopes, sinks=learnable_sink,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
             page_table=page_table)
         dt = np.asarray(q).dtype
+        if dense:
+            q, k, v = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k, v))
         res = run_flash(model(dtype_name(dt)), q, k, v, kernel=kernel, opts=opts, trace_at=None)
-        lse = np.asarray(res.lse, dtype=np.float32)
-        if not packed and lse.ndim == 3 and lse.shape != (q.shape[0], q.shape[2], q.shape[1]):
-            lse = lse.swapaxes(1, 2)
+        out = np.asarray(res.out)
+        out = np.swapaxes(out, 1, 2) if dense else out
+        lse = np.asarray(res.lse, dtype=np.float32)  # (B, H, N), or (H, total) for varlen
         lse = np.where(np.isneginf(lse), math.inf, lse)
-        return np.asarray(res.out).astype(dt), lse
+        return np.ascontiguousarray(out).astype(dt), lse
 
     model_kernel.__name__ = f"osm_{kernel}"
     return model_kernel

@@ -190,8 +190,6 @@ def call(target: Target, case: Case, data: dict) -> Call:
     if lse is not None:
         lse64 = np.asarray(as_numpy(lse, "lse"), dtype=np.float64)
         res.lse = lse64 * math.log(2) if target.lse_base == "2" else lse64
-        if dense and not case.page:  # FlashAttention's (B, H, N) as osm's LSE of (B, N, H, d)
-            res.lse = res.lse.swapaxes(1, 2)
     res.grads = {n: _bnhd(as_numpy(g, n), target, dense and not (case.page and n != "dq"))
                  for n, g in res.grads.items()}
     return res

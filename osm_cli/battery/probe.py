@@ -126,20 +126,13 @@ def locate(case: Case, data: dict, got, tensor: str, bound: float) -> str:
     if tensor == "out":
         with np.errstate(invalid="ignore"):
             err = np.abs(np.asarray(got.out, np.float64) - ref).max(axis=-1, initial=0.0)
-        empty = np.isneginf(ref_lse)
-        if case.varlen:  # (total, H)
-            err, empty = err.T, (empty if empty.shape == err.T.shape else empty.T)
-        elif not case.page:  # (B, N, H)
-            err, empty = err.swapaxes(1, 2), empty.swapaxes(1, 2)
-        else:
-            err = err.swapaxes(1, 2)
+        empty = np.isneginf(ref_lse)  # FlashAttention's (B, H, N), or (H, total) for varlen
+        err = err.T if case.varlen else err.swapaxes(1, 2)
     else:
         if got.lse is None:
             return ""
         err = lse_errors(got.lse, ref_lse)
         empty = np.isneginf(ref_lse)
-        if not case.varlen and not case.page:
-            err, empty = err.swapaxes(1, 2), empty.swapaxes(1, 2)
     over = ~(err <= bound)
     if not over.any():
         return ""
