@@ -200,7 +200,7 @@ def _failures(target: Target, results: list, rule: str, budget: str | None) -> l
     groups: dict = {}
     for r in results:
         if not r.passed:
-            groups.setdefault((r.failed[0], r.case.features), []).append(r)
+            groups.setdefault((_kind(r), r.case.features), []).append(r)
     found: dict = {}  # a shrunk case but for its seed -> [Failure fields]
     for n, rs in enumerate(sorted(groups.values(), key=len, reverse=True)):
         first = min(rs, key=lambda r: r.case.size)
@@ -214,6 +214,12 @@ def _failures(target: Target, results: list, rule: str, budget: str | None) -> l
             continue
         found[key] = [small.failed, small.case.features, len(rs), first, small]
     return [Failure(t, f, c, first, small) for t, f, c, first, small in found.values()]
+
+
+def _kind(r: CaseResult) -> str:
+    """What a failure is: its worst tensor, or for a kernel failure its message's head (the
+    exception's type, or the guard that tripped)."""
+    return r.message.split(":")[0] if r.failed[0] == "kernel" else r.failed[0]
 
 
 def replay(fn: Callable | str, case_id: str, *, rule: str = "fa", repeat: int = 1,

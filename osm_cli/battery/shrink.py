@@ -104,7 +104,10 @@ def shrink(target: Target, failed: CaseResult, rule: str = "fa", steps: int = 48
         for cand in candidates(best.case, target.declared.head_dims):
             tried += 1
             res = judge(target, cand, rule)
-            if set(res.failed) & want:
+            same = set(res.failed) & want
+            if "kernel" in want and res.failed == ("kernel",):  # the same exception or guard
+                same = res.message.split(":")[0] == failed.message.split(":")[0]
+            if same:
                 best, improved = res, True
                 break
             if tried >= steps:
