@@ -20,8 +20,13 @@ output). This part reruns the model with Ops whose callables look the measured v
 (searchsorted on the input bits; an input not in the table falls back to the CPU's value and
 is counted as a miss) and prints how the identical share moves.
 
+Part 3 (CPU): every forward case with the preset's ops correctly rounded (Ops.rounded(), osm
+before gpu_approx) and with the default ops, the H200's own instructions modelled bit for bit
+(osm_cli/precision/gpu_approx.py), in both mma modes.
+
 Usage:
-  python benchmarks/kernel_ablation.py                  # both parts, offline
+  python benchmarks/kernel_ablation.py                  # all parts, offline
+  python benchmarks/kernel_ablation.py --part 3         # the default ops' table only
   python benchmarks/kernel_ablation.py --record DIR     # the CPU's op inputs as .npy (small)
   python3 benchmarks/kernel_ablation.py --measure OUT   # on the GPU: Triton inline PTX, live
 """
@@ -62,8 +67,8 @@ TABLES = ROOT / "samples" / "gpu_ops"
 
 
 def cpu_op(name: str):
-    """osm's own value of an op (gpu_ops.Ops with no callables)."""
-    base = Ops()
+    """osm's correctly rounded value of an op (gpu_ops.Ops.rounded())."""
+    base = Ops.rounded()
     return {"ex2": base.exp2, "tanh": base.tanh_, "rcp": base.recip}[name]
 
 
@@ -255,7 +260,7 @@ def gpu_part(folder: Path, lookup: dict, note: str, inputs: Path | None = None,
         cells = []
         for _lab, names in GPU_CONFIGS:
             ops = rec.ops()
-            ops = Ops(**{n: getattr(ops, n) for n in names})
+            ops = replace(Ops.rounded(), **{n: getattr(ops, n) for n in names})
             cells.append(f"{100 * share(c, p, 'tensor-core', ops):15.2f}")
         print(f"  {c.label:28}{''.join(cells)}", flush=True)
     for n, f in lookup.items():
@@ -297,6 +302,22 @@ class Table:
         return np.where(hit, self.y[i] if self.x.size else 0, self.cpu(x)).astype(np.float32)
 
 
+def part3(folder: Path, only) -> None:
+    """Every forward case: the preset with correctly rounded ops (osm before gpu_approx) and
+    with the default ops (the H200's own, gpu_approx.py), in both mma modes."""
+    print("Part 3: the H200's approximate instructions as modelled by default "
+          "(osm_cli/precision/gpu_approx.py) against correctly rounded ones; identical share "
+          "of O, %\n")
+    head = "".join(f"{h:>14}" for h in ("blas rounded", "blas H200", "tc rounded", "tc H200"))
+    print(f"  {'case':32}{head}")
+    for c in cases(folder, only):
+        p = PRESETS[PRESET_OF[c.kernel]]
+        cells = [100 * share(c, p, mma, ops) for mma in ("blas", "tensor-core")
+                 for ops in (Ops.rounded(), Ops())]
+        print(f"  {c.label:32}{''.join(f'{v:14.2f}' for v in cells)}", flush=True)
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--captures", type=Path, default=ROOT / "samples" / "kernels")
@@ -305,6 +326,7 @@ def main() -> None:
     ap.add_argument("--measure", type=Path, help="on the GPU: measure, write tables here")
     ap.add_argument("--inputs", type=Path, default=ROOT / "benchmarks" / "gpu_ops_inputs")
     ap.add_argument("--tables", type=Path, default=TABLES)
+    ap.add_argument("--part", type=int, nargs="*", default=[1, 2, 3])
     args = ap.parse_args()
     if args.record:
         record(args.captures, args.record)
@@ -319,8 +341,13 @@ def main() -> None:
     t0 = time.perf_counter()
     print("osm kernel-preset ablation against kernels captured on an NVIDIA H200 "
           "(samples/kernels); this program runs on the CPU\n")
-    part1(args.captures, args.only)
-    if all((args.tables / f"{n}.npz").exists() for n in OPS):
+    if 1 in args.part:
+        part1(args.captures, args.only)
+    if 3 in args.part:
+        part3(args.captures, args.only)
+    if 2 not in args.part:
+        pass
+    elif all((args.tables / f"{n}.npz").exists() for n in OPS):
         gpu_part(args.captures, {n: Table(n, args.tables / f"{n}.npz") for n in OPS},
                  f"values measured on an H200, looked up from {args.tables.relative_to(ROOT)}",
                  args.inputs if args.inputs.exists() else None)

@@ -7,7 +7,8 @@
   products summed 16 at a time (the k of one MMA instruction), each term aligned to the
   largest and truncated 2 bits below float32's last, the accumulator truncated toward zero.
 - `exp2_emulated`: FA4 SM100's software exp2.
-- `Ops`: the approximate instructions (ex2, tanh, rcp) as osm computes them, or measured values.
+- `Ops`: the approximate instructions (ex2, tanh, rcp, lg2): the H200's own by default
+  (gpu_approx.py), correctly rounded (Ops.rounded()), or other callables.
 - `row_sums`, `quad_sum`: the order in which a kernel's threads add a row's P into l.
 
 Leaves out: the loop that uses them (emulate.py).
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import gpu_approx
 from .names import MMAS
 
 LOG2E = math.log2(math.e)  # the kernels' LOG2_E / M_LOG2E, a float32 constant on the GPU
@@ -36,15 +38,22 @@ EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
 
 @dataclass(frozen=True)
 class Ops:
-    """The GPU's approximate instructions, as osm computes them: exp2 (ex2.approx), tanh
-    (tanh.approx), 1/x (rcp.approx) and log2 (lg2.approx, behind __logf) in float32, correctly
-    rounded on the CPU. An ablation replaces one with values measured on the GPU
-    (benchmarks/kernel_ablation.py)."""
+    """The GPU's approximate instructions: exp2 (ex2.approx.ftz), tanh (tanh.approx), 1/x
+    (rcp.approx.ftz) and log2 (lg2.approx.ftz, behind __logf) in float32. By default the
+    H200's own, bit for bit (gpu_approx.py: measured over every float32 input,
+    docs/gpu-approx.md); a field set to None is computed correctly rounded on the CPU
+    (Ops.rounded(): all four, osm's arithmetic before the measurements); an ablation passes
+    other callables (benchmarks/kernel_ablation.py)."""
 
-    ex2: Callable | None = None
-    tanh: Callable | None = None
-    rcp: Callable | None = None
-    lg2: Callable | None = None
+    ex2: Callable | None = gpu_approx.ex2
+    tanh: Callable | None = gpu_approx.tanh
+    rcp: Callable | None = gpu_approx.rcp
+    lg2: Callable | None = gpu_approx.lg2
+
+    @classmethod
+    def rounded(cls) -> Ops:
+        """Every op correctly rounded on the CPU (no GPU's approximations)."""
+        return cls(ex2=None, tanh=None, rcp=None, lg2=None)
 
     def _measured(self, op: Callable | None, x):
         """op's values for x as a fresh float32 array (the loop rounds P in place), or None
