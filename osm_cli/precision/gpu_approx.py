@@ -41,31 +41,72 @@ LOG2E = 1.0 / LN2
 
 
 # ----------------------------------------------------------------------------- predictors
+# Float64 approximations, by +, ·, / and ldexp alone (the same bits on every platform), that
+# the stored tables are differences from: their accuracy (~1e-15) only decides how well the
+# differences compress, never a result. Split in two levels so that rebuilding a table of
+# 2^23 entries costs a few passes.
+def _exp2_taylor(t: np.ndarray) -> np.ndarray:
+    """2^t for t in [0, 1), Taylor of e^(t ln 2) from the top (for the small tables)."""
+    y = np.asarray(t, dtype=np.float64) * LN2
+    p = np.ones_like(y)
+    for n in range(18, 0, -1):
+        p = 1.0 + p * y / n
+    return p
+
+
+@functools.lru_cache(maxsize=1)
+def _exp2_coarse() -> np.ndarray:
+    return _exp2_taylor(np.arange(2**11) * 2.0**-11)
+
+
 def exp2_f64(t: np.ndarray) -> np.ndarray:
-    """2^t in float64 to ~1e-16, by +, · and ldexp only (the same bits on every platform)."""
+    """2^t in float64: 2^k · 2^(a/2^11) (a table) · 2^r, r < 2^-11 by five Taylor terms."""
     t = np.asarray(t, dtype=np.float64)
     k = np.floor(t)
-    y = (t - k) * LN2  # in [0, ln 2)
-    p = np.ones_like(y)
-    for n in range(18, 0, -1):  # e^y, Taylor, Horner from the top
-        p = 1.0 + p * y / n
-    return np.ldexp(p, k.astype(np.int64))
+    r = (t - k) * 2.0**11
+    a = np.floor(r)
+    y = (r - a) * (LN2 * 2.0**-11)
+    p = 1.0 + y * (1.0 + y * (0.5 + y * (1.0 / 6 + y * (1.0 / 24 + y / 120))))
+    return np.ldexp(_exp2_coarse()[a.astype(np.int64)] * p, k.astype(np.int64))
 
 
-def log2_f64(m: np.ndarray) -> np.ndarray:
-    """log2(m) for m in [1, 2] in float64, 2·atanh(s)/ln 2 with s = (m − 1)/(m + 1) ≤ 1/3."""
-    m = np.asarray(m, dtype=np.float64)
-    s = (m - 1.0) / (m + 1.0)
+def _exp2_grid(sign: float) -> np.ndarray:
+    """2^(sign · j·2^-23) for j < 2^23 as one outer product of two small tables."""
+    hi = _exp2_taylor(np.arange(2**11) * 2.0**-11) if sign > 0 else exp2_f64(
+        -np.arange(2**11) * 2.0**-11)
+    lo = exp2_f64(sign * np.arange(2**12) * 2.0**-23)
+    return np.multiply.outer(hi, lo).reshape(-1)
+
+
+def _log2_grid() -> np.ndarray:
+    """log2(1 + j·2^-23) for j < 2^23: log2(c) for c = 1 + a·2^-11 (a table, 2·atanh series)
+    plus log2(1 + u), u = b·2^-23 / c < 2^-11, by five terms (j = a·2^12 + b)."""
+    c = 1.0 + np.arange(2**11) * 2.0**-11
+    s = (c - 1.0) / (c + 1.0)
     s2 = s * s
-    p = np.full_like(s, 1.0 / 41)
+    q = np.full_like(s, 1.0 / 41)
     for n in range(39, 0, -2):
-        p = 1.0 / n + p * s2
-    return 2.0 * s * p * LOG2E
+        q = 1.0 / n + q * s2
+    u = np.multiply.outer(1.0 / c, np.arange(2**12) * 2.0**-23).reshape(-1)
+    p = u * 0.2
+    for coef in (-0.25, 1.0 / 3, -0.5, 1.0):
+        p += coef
+        p *= u
+    p *= LOG2E
+    p += np.repeat(2.0 * s * q * LOG2E, 2**12)
+    return p
 
 
-def tanh_f64(x: np.ndarray) -> np.ndarray:
-    """tanh(|x|) in float64 for 2^-9 ≤ |x| ≤ 16: (1 − u)/(1 + u), u = 2^(−2|x|·log2 e)."""
-    u = exp2_f64(-2.0 * np.abs(np.asarray(x, dtype=np.float64)) * LOG2E)
+def _tanh_grid(e: int, d: int) -> np.ndarray:
+    """tanh(x) at x = 2^e·(1 + j·2^(d−23)), j < 2^(23−d): (1 − u)/(1 + u) with u =
+    2^(t0 + j·δ) = 2^(t0 + a·2^h·δ) · 2^(b·δ), one outer product (j = a·2^h + b)."""
+    n = 23 - d
+    h = n // 2
+    delta = -2.0 * LOG2E * 2.0 ** (e + d - 23)
+    t0 = -2.0 * LOG2E * 2.0**e
+    hi = exp2_f64(t0 + np.arange(2 ** (n - h)) * (2.0**h * delta))
+    lo = exp2_f64(np.arange(2**h) * delta)
+    u = np.multiply.outer(hi, lo).reshape(-1)
     return (1.0 - u) / (1.0 + u)
 
 
@@ -86,19 +127,14 @@ def tanh_drop() -> dict:
 def predicted(name: str) -> np.ndarray:
     """The float64 predictions the stored differences are taken from, per table entry:
     as float32 bits."""
-    j = np.arange(2**23, dtype=np.float64)
-    if name == "ex2_pos":
-        return bits(exp2_f64(j * 2.0**-23).astype(F32)).astype(np.int64)
-    if name == "ex2_neg":
-        return bits(exp2_f64(-j * 2.0**-23).astype(F32)).astype(np.int64)
+    if name in ("ex2_pos", "ex2_neg"):
+        return bits(_exp2_grid(1.0 if name == "ex2_pos" else -1.0).astype(F32))
     if name == "rcp":
-        return bits((1.0 / (1.0 + j * 2.0**-23)).astype(F32)).astype(np.int64)
+        return bits((1.0 / (1.0 + np.arange(2**23) * 2.0**-23)).astype(F32))
     if name == "lg2":
-        return bits(log2_f64(1.0 + j * 2.0**-23).astype(F32)).astype(np.int64)
+        return bits(_log2_grid().astype(F32))
     e = int(name.split("_")[1])
-    d = tanh_drop()[e]
-    x = from_bits(((e + 127) << 23) | (np.arange(2 ** (23 - d), dtype=np.int32) << d))
-    return bits(tanh_f64(x).astype(F32)).astype(np.int64)
+    return bits(_tanh_grid(e, tanh_drop()[e]).astype(F32))
 
 
 def table_names() -> list:
@@ -118,8 +154,9 @@ def pack(name: str, measured: np.ndarray) -> np.ndarray:
 
 def unpack(name: str, stored: np.ndarray) -> np.ndarray:
     raw = lzma.decompress(np.asarray(stored, dtype=np.uint8).tobytes())
-    val = predicted(name) + np.frombuffer(raw[1:], dtype=np.dtype(raw[:1].decode()))
-    return from_bits(val.astype(np.int32))
+    val = predicted(name)  # int32 bits, fresh: the differences are added in place
+    val += np.frombuffer(raw[1:], dtype=np.dtype(raw[:1].decode()))
+    return from_bits(val)
 
 
 @functools.lru_cache(maxsize=64)
@@ -209,5 +246,5 @@ def tanh(x, path: str | None = None) -> np.ndarray:
     return np.where(np.signbit(x), -y, y).astype(F32)
 
 
-__all__ = ["DATA", "ex2", "exp2_f64", "lg2", "log2_f64", "pack", "predicted", "rcp", "tables",
-           "tanh", "tanh_drop", "tanh_f64", "unpack"]
+__all__ = ["DATA", "ex2", "exp2_f64", "lg2", "pack", "predicted", "rcp", "table", "tables",
+           "tanh", "tanh_drop", "unpack"]
