@@ -14,6 +14,9 @@ Subcommands
          sequence too), paged KV, one combination; medium cases for statistics. Cases run in
          a priority order and stop at --deadline-s; every case is written as soon as it ends,
          and a case that raises is recorded (fa4_summary.json) with its message.
+  flex   PyTorch FlexAttention (torch.compile'd flex_attention, bf16): built-in score_mods
+         and mask_mods with their block masks, forward and backward, N = 256 and 300, and a
+         deliberately wrong block mask (benchmarks/capture_flex.py says which).
   ship   pack captured files into at most 8 tars of < 16 MiB under $OUT, in priority order,
          remembering what went already (for the device tool's return limits).
   shrink keep the first query heads of a capture (each head is independent, so the slice is
@@ -186,6 +189,9 @@ SDPA_CASES = [
     ("rect", 1, 2, 2, 64, 200, 64, False, 1.0, 13, True),
     ("gqa", 1, 4, 2, 128, 128, 64, False, 1.0, 14, True),
     ("d128", 1, 2, 2, 96, 96, 128, False, 1.0, 15, True),
+    # issue 25: fresh shapes, not used while tuning the presets
+    ("new_causal_d96", 1, 2, 2, 320, 320, 96, True, 1.0, 51, True),
+    ("new_rect_gqa_d80", 1, 4, 2, 250, 704, 80, False, 1.0, 52, True),
     ("med_n1024", 1, 8, 8, 1024, 1024, 64, False, 1.0, 21, False),
     ("med_n1024_causal", 1, 8, 8, 1024, 1024, 64, True, 1.0, 22, False),
     ("med_rect_d128", 2, 4, 4, 512, 1024, 128, False, 1.0, 23, False),
@@ -276,7 +282,7 @@ def sdpa_case(case, dtype_name, dev, attention_ref, writer, args):
                          "(see input_sha256_16)")
 
     outs = {}
-    for backend in BACKENDS:
+    for backend in args.backends or BACKENDS:
         sdp = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
         meta = dict(base, backend=backend, errors={},
@@ -418,6 +424,9 @@ FA4_CASES = [
          seqlens_q=[37, 150], seqlens_k=[100, 150], causal=True, sink=True, softcap=30.0,
          amp=2.0, seed=39),
     dict(name="plain", dtype="float16", kind="dense", B=1, Hq=2, Hkv=2, t=128, s=256, seed=31),
+    # issue 25: a softcap case at a shape not used while tuning
+    dict(name="softcap_new", dtype="bfloat16", kind="dense", B=1, Hq=2, Hkv=2, t=192, s=320,
+         softcap=20.0, amp=3.0, seed=53),
     dict(name="med_plain", dtype="bfloat16", kind="dense", B=1, Hq=8, Hkv=8, t=1024, s=1024,
          seed=41, medium=True),
     dict(name="med_causal", dtype="bfloat16", kind="dense", B=1, Hq=8, Hkv=8, t=1024, s=1024,
@@ -704,6 +713,19 @@ def cmd_fa4(args) -> None:
     log("fa4 done")
 
 
+# ----------------------------------------------------------------------------- flex
+def cmd_flex(args) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import capture_flex
+
+    writer = Writer(args.out)
+    summary = capture_flex.cmd_flex(args, writer, env_meta, to_np, log)
+    writer.close()
+    (Path(args.out) / "flex_summary.json").write_text(json.dumps(
+        dict(env_meta(), cases=summary), indent=1))
+    log("flex done")
+
+
 # ----------------------------------------------------------------------------- ship
 def ship_priority(name: str) -> tuple:
     """Summaries, then small files (FA4 first), then medium outputs, then medium references."""
@@ -816,6 +838,7 @@ def main(argv=None) -> None:
     p = sub.add_parser("sdpa")
     p.add_argument("--out", required=True)
     p.add_argument("--small-only", action="store_true")
+    p.add_argument("--backends", nargs="*", choices=BACKENDS, help="default: all three")
     p.add_argument("--only", nargs="*", help="case names")
     p.add_argument("--fa4-testing")
     p = sub.add_parser("fa4")
@@ -829,6 +852,10 @@ def main(argv=None) -> None:
     p.add_argument("--redo", action="store_true")
     p.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fa4-testing")
+    p = sub.add_parser("flex")
+    p.add_argument("--out", required=True)
+    p.add_argument("--deadline-s", type=float, default=240.0,
+                   help="start no case after this many seconds")
     p = sub.add_parser("ship")
     p.add_argument("--src", required=True)
     p.add_argument("--dst", required=True)
@@ -842,7 +869,9 @@ def main(argv=None) -> None:
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--drop", nargs="*", default=[], help="array-name patterns to leave out")
     args = ap.parse_args(argv)
-    {"sdpa": cmd_sdpa, "fa4": cmd_fa4, "ship": cmd_ship, "shrink": cmd_shrink}[args.cmd](args)
+    cmds = {"sdpa": cmd_sdpa, "fa4": cmd_fa4, "flex": cmd_flex, "ship": cmd_ship,
+            "shrink": cmd_shrink}
+    cmds[args.cmd](args)
 
 
 if __name__ == "__main__":
