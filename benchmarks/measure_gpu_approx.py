@@ -12,6 +12,8 @@ tanh.approx.f32, rcp.approx.ftz.f32.
                 on the GPU, rounded once), ulp histograms per input exponent; the structure
                 hypotheses below, their mismatch counts per input exponent; the tables the model
                 is built from (written to OUT/approx_tables.npz) and a JSON summary.
+  build FILE    measure the tables osm's model holds and write them in its format (the file
+                osm_cli/precision/data/gpu_approx_h200.npz was written so).
   verify OUT    osm's numpy model (gpu_approx.py, run on the machine's CPU cores) against the
                 hardware: every input in each domain, mismatch counts (the goal is 0).
 
@@ -25,9 +27,12 @@ Structure hypotheses tested (docs/gpu-approx.md says what was found):
   tanh  odd symmetry; per input exponent, the fewest mantissa bits the output depends on
         (input truncated or rounded to k bits); which output mantissa bits are ever set.
 
-Usage (on the GPU machine):
+What was found: docs/gpu-approx.md; the numbers: benchmarks/results/gpu_approx_h200.txt.
+
+Usage (on the GPU machine; only torch, Triton and numpy are needed there, no install of osm):
   python3 benchmarks/measure_gpu_approx.py explore $OUT
-  python3 benchmarks/measure_gpu_approx.py verify $OUT
+  python3 benchmarks/measure_gpu_approx.py build $OUT/gpu_approx_h200.npz
+  python3 benchmarks/measure_gpu_approx.py verify $OUT --tables $OUT/gpu_approx_h200.npz
 """
 
 from __future__ import annotations
@@ -226,6 +231,19 @@ def hist_ulps(name, from_bits, summary):
         f"histogram {summary[name]['ulp_histogram_-65..65(clipped)']}")
 
 
+def tally(bad, samples, ok, x, y, pred) -> None:
+    """Count the inputs (where ok) whose measured y differs from a hypothesis' pred, per band,
+    into bad; keep up to 8 × 64 of them (x, y, pred bits) in samples."""
+    import torch
+
+    mis = ok & (ulps(y, pred) != 0)
+    bad += torch.bincount(band(x)[mis], minlength=512)
+    if len(samples) < 8 and mis.any():
+        idx = torch.nonzero(mis)[:64, 0]
+        samples.append(torch.stack([x[idx].view(torch.int32), y[idx].view(torch.int32),
+                                    pred[idx].view(torch.int32)], 1).cpu().numpy())
+
+
 def ex2_hypotheses(name, from_bits, on, summary, tables):
     """ex2(x) = T[f]·2^i with X = q(x·2^F), i = X >> F, f = X mod 2^F (module docstring)."""
     import torch
@@ -254,13 +272,7 @@ def ex2_hypotheses(name, from_bits, on, summary, tables):
                 pred = torch.ldexp(T[f], i.double())
                 if ftz:
                     pred = torch.where(pred < 2.0**-126, torch.zeros_like(pred), pred)
-                pred = pred.float()
-                mis = ok & (ulps(y, pred) != 0)
-                bad += torch.bincount(band(x)[mis], minlength=512)
-                if len(samples) < 8 and mis.any():
-                    idx = torch.nonzero(mis)[:64, 0]
-                    samples.append(torch.stack([x[idx].view(torch.int32), y[idx].view(torch.int32),
-                                                pred[idx].view(torch.int32)], 1).cpu().numpy())
+                tally(bad, samples, ok, x, y, pred.float())
             b = bad.cpu().numpy()
             key = f"F{F}_{mode}"
             res[key] = {"mismatches": int(b.sum()),
@@ -313,12 +325,7 @@ def mantissa_hypotheses(name, from_bits, on, summary, tables):
             else:
                 pred = torch.ldexp(G64[mi], (127 - e).double())
                 pred = torch.where(pred < 2.0**-126, torch.zeros_like(pred), pred).float()
-            mis = ok & (ulps(y, pred) != 0)
-            bad += torch.bincount(band(x)[mis], minlength=512)
-            if len(samples) < 8 and mis.any():
-                idx = torch.nonzero(mis)[:64, 0]
-                samples.append(torch.stack([x[idx].view(torch.int32), y[idx].view(torch.int32),
-                                            pred[idx].view(torch.int32)], 1).cpu().numpy())
+            tally(bad, samples, ok, x, y, pred)
         b = bad.cpu().numpy()
         res[mode] = {"mismatches": int(b.sum()),
                      "bands": {f"e{(k & 255) - 127}": int(b[k]) for k in range(512) if b[k]}}

@@ -9,7 +9,9 @@ very same inputs, and prints, per case:
 
   forward   one row per model variant: the kernel's preset (flash → fa2, fa4 → fa4; SDPA's
             mem-efficient and cuDNN backends → fa2, the nearest preset, so labelled) with
-            mma="blas" and mma="tensor-core", osm's own "tiles" loop, and, where the H200's
+            mma="blas" and mma="tensor-core" (both with the H200's approximate instructions,
+            the presets' default: osm_cli/precision/gpu_approx.py), osm's own "tiles" loop,
+            and, where the H200's
             measured tanh/ex2/rcp.approx tables cover the case (samples/gpu_ops,
             benchmarks/kernel_ablation.py), the tensor-core preset with those ops
             kernel err, model err   max |O − ref64| of the kernel and of osm's model

@@ -9,7 +9,8 @@ instruction turned out to be a table lookup after a simple split of the input:
   2^-126 flush to +0, above the range to +inf.
 - `lg2` (lg2.approx.ftz.f32): x = 2^e·m, m in [1, 2): e + G[m] rounded toward zero, G[m] =
   lg2(m) (a value on a 2^-36 grid); exact for x ≥ 1, where the kernels use it (row sums).
-  Below 1 the GPU adds finer bits of G than its float32 value keeps (docs say how often).
+  Below 1 the GPU takes (e + 1) + lg2(m/2), a second table not shipped: there 2.6 % of the
+  inputs come out one ulp off (docs/gpu-approx.md).
 - `rcp` (rcp.approx.ftz.f32): R[m]·2^-e with R[m] = rcp(m), the sign kept; ftz.
 - `tanh` (tanh.approx.f32): odd; x itself for |x| < 2^-8, ±1 for |x| ≥ 8; between, per input
   exponent a table over the input's mantissa truncated to a band's number of bits.
@@ -198,13 +199,17 @@ def ex2(x, path: str | None = None) -> np.ndarray:
     return np.where(np.isnan(x), x, y)
 
 
-def lg2(x, path: str | None = None) -> np.ndarray:
-    """lg2.approx.ftz.f32 of float32 x: bit-exact for x ≥ 1 (docs/gpu-approx.md)."""
-    t = tables(path)
+def _mantissa_split(x, name: str, path: str | None):
+    """x as float32, its bits, its unbiased exponent e, and table name at its mantissa."""
     x = np.asarray(x, dtype=F32)
     b = bits(x).astype(np.int64)
     e = ((b >> 23) & 255) - 127
-    g = t["lg2"][b & 0x7FFFFF].astype(np.float64)
+    return x, b, e, tables(path)[name][b & 0x7FFFFF].astype(np.float64)
+
+
+def lg2(x, path: str | None = None) -> np.ndarray:
+    """lg2.approx.ftz.f32 of float32 x: bit-exact for x ≥ 1 (docs/gpu-approx.md)."""
+    x, b, e, g = _mantissa_split(x, "lg2", path)
     v = e + g
     y = v.astype(F32)
     over = np.abs(y.astype(np.float64)) > np.abs(v)  # toward zero
@@ -217,11 +222,7 @@ def lg2(x, path: str | None = None) -> np.ndarray:
 
 def rcp(x, path: str | None = None) -> np.ndarray:
     """rcp.approx.ftz.f32 of float32 x."""
-    t = tables(path)
-    x = np.asarray(x, dtype=F32)
-    b = bits(x).astype(np.int64)
-    e = ((b >> 23) & 255) - 127
-    v = t["rcp"][b & 0x7FFFFF].astype(np.float64)
+    x, b, e, v = _mantissa_split(x, "rcp", path)
     with np.errstate(over="ignore"):
         y = np.ldexp(v, np.clip(-e, -200, 200))
     y = np.where(y < 2.0**-126, 0.0, y)
