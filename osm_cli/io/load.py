@@ -284,7 +284,7 @@ def read_stdin() -> str:
     or not text."""
     stream = sys.stdin
     if stream is None:
-        raise InputError("standard input is closed; give a file or --values instead of '-'")
+        raise InputError("standard input is closed; give a file or `values` instead of '-'")
     try:
         data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
     except OSError as exc:
