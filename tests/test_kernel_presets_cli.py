@@ -9,22 +9,12 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import osm
 
-from osm_cli.cli import app
 from osm_cli.cli.options import Mma
 
 QKV = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
 PRESET_NAMES = ("fa2", "fa4", "fa4-sm100")
-
-
-@pytest.fixture
-def runner():
-    return CliRunner()
-
-
-def run(runner, *args, width=100):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": str(width)})
 
 
 def error_line(r) -> str:
@@ -43,7 +33,7 @@ def test_mma_choices_are_gpu_ops():
 @pytest.mark.parametrize("dtype, kernel", [("bf16", "fa2"), ("fp16", "fa2"),
                                            ("e4m3", "fa4-sm100"), ("fp32", "tiles")])
 def test_default_kernel_follows_dtype(runner, dtype, kernel):
-    r = run(runner, "attention", *QKV, "--dtype", dtype, "--json")
+    r = osm("attention", *QKV, "--dtype", dtype, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kernel"] == kernel and doc["mma"] == "blas"
@@ -51,15 +41,15 @@ def test_default_kernel_follows_dtype(runner, dtype, kernel):
 
 
 def test_plain_run_keeps_todays_summary(runner):
-    r = run(runner, "attention", *QKV)
+    r = osm("attention", *QKV)
     assert r.exit_code == 0 and "kernel" not in r.stdout
-    assert json.loads(run(runner, "attention", *QKV, "--json").stdout)["kernel"] == "tiles"
+    assert json.loads(osm("attention", *QKV, "--json").stdout)["kernel"] == "tiles"
 
 
 @pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
 @pytest.mark.parametrize("width", [80, 100])
 def test_attention_each_kernel(runner, kernel, width):
-    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--kernel", kernel, width=width)
+    r = osm("attention", *QKV, "--dtype", "bf16", "--kernel", kernel, width=width)
     assert r.exit_code == 0, r.output
     flat = " ".join(r.stdout.split())
     assert f"kernel {kernel}: " in flat
@@ -71,7 +61,7 @@ def test_attention_each_kernel(runner, kernel, width):
 
 
 def test_fa2_kernel_line(runner):
-    r = run(runner, "attention", *QKV, "--dtype", "bf16", width=200)
+    r = osm("attention", *QKV, "--dtype", "bf16", width=200)
     line = next(ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("kernel"))
     assert " ".join(line.split()) == (
         "kernel fa2: FlashAttention-2 forward (PyTorch's flash SDPA backend): K/V tiles of 128 "
@@ -80,21 +70,21 @@ def test_fa2_kernel_line(runner):
 
 def test_trace_in_kernel_order(runner):
     """samples/long.npz causal, block_k 32 given: fa2 visits the tiles last to first."""
-    r = run(runner, "attention", "samples/long.npz", "--causal", "--dtype", "bf16",
+    r = osm("attention", "samples/long.npz", "--causal", "--dtype", "bf16",
             "--block-k", "32", "--query", "300", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     tiles = [s["tile"] for s in doc["trace"]["steps"]]
     assert tiles == sorted(tiles, reverse=True) and len(tiles) > 2
     assert doc["block_k"] == 32
-    text = run(runner, "attention", "samples/long.npz", "--causal", "--dtype", "bf16",
+    text = osm("attention", "samples/long.npz", "--causal", "--dtype", "bf16",
                "--block-k", "32", "--query", "300", width=80)
     assert "(--block-k, not the kernel's own)" in " ".join(text.stdout.split())
     assert all(len(line) <= 80 for line in text.stdout.splitlines())
 
 
 def test_unknown_kernel_is_usage_error(runner):
-    r = run(runner, "attention", *QKV, "--kernel", "fa3")
+    r = osm("attention", *QKV, "--kernel", "fa3")
     assert r.exit_code == 2
     assert "'fa2', 'fa4', 'fa4-sm100', 'tiles'" in r.output
 
@@ -120,24 +110,24 @@ def test_unknown_kernel_is_usage_error(runner):
      "loop"),
 ])
 def test_attention_refusals(runner, args, line):
-    r = run(runner, "attention", *QKV, *args)
+    r = osm("attention", *QKV, *args)
     assert r.exit_code == 1 and r.stdout == ""
     assert error_line(r) == line
 
 
 def test_tiles_keeps_order_form_splits(runner):
-    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--kernel", "tiles", "--order",
+    r = osm("attention", *QKV, "--dtype", "bf16", "--kernel", "tiles", "--order",
             "reverse", "--splits", "2", "--form", "merge")
     assert r.exit_code == 0, r.output
 
 
 def test_masked_lse_override(runner):
-    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--masked-lse", "zero", "--json")
+    r = osm("attention", *QKV, "--dtype", "bf16", "--masked-lse", "zero", "--json")
     assert json.loads(r.stdout)["masked_lse"] == "zero"
 
 
 def test_rescale_threshold_with_preset(runner):
-    r = run(runner, "attention", "samples/long.npz", "--dtype", "bf16", "--kernel", "fa4",
+    r = osm("attention", "samples/long.npz", "--dtype", "bf16", "--kernel", "fa4",
             "--rescale-threshold", "2", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -146,7 +136,7 @@ def test_rescale_threshold_with_preset(runner):
 
 
 def test_tensor_core_mma(runner):
-    r = run(runner, "attention", *QKV, "--dtype", "bf16", "--mma", "tensor-core", "--json")
+    r = osm("attention", *QKV, "--dtype", "bf16", "--mma", "tensor-core", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["mma"] == "tensor-core"
 
@@ -164,11 +154,11 @@ def descale_files(tmp_path, shape=(1, 2), value=0.5):
 
 
 def test_descale_runs_fp8(runner, tmp_path):
-    r = run(runner, "attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
+    r = osm("attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kernel"] == "fa4-sm100"
-    plain = json.loads(run(runner, "attention", *QKV, "--dtype", "e4m3", "--json").stdout)
+    plain = json.loads(osm("attention", *QKV, "--dtype", "e4m3", "--json").stdout)
     assert doc["max_abs_err"] < 0.1 and doc["max_abs_err"] != plain["max_abs_err"]
 
 
@@ -185,13 +175,13 @@ def test_descale_runs_fp8(runner, tmp_path):
      "e4m3 or e5m2"),
 ])
 def test_descale_errors(runner, tmp_path, args, extra, line):
-    r = run(runner, "attention", *QKV, *args, *descale_files(tmp_path, **extra))
+    r = osm("attention", *QKV, *args, *descale_files(tmp_path, **extra))
     assert r.exit_code == 1
     assert error_line(r) == line
 
 
 def test_descale_needs_all_three(runner, tmp_path):
-    r = run(runner, "attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path)[:2])
+    r = osm("attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path)[:2])
     assert error_line(r) == ("Error: give --q-descale, --k-descale and --v-descale together; "
                              "missing --k-descale, --v-descale")
 
@@ -211,7 +201,7 @@ def test_check_descale(runner, tmp_path):
                     descale=Descale(d, d, d))
     out = tmp_path / "out.npy"
     np.save(out, res.out)
-    r = run(runner, "check", out, *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
+    r = osm("check", out, *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
     assert r.exit_code in (0, 1) and "Error" not in r.stderr, r.output
     doc = json.loads(r.stdout)
     assert doc["kernel"] == "fa4-sm100"
@@ -230,7 +220,7 @@ def test_check_descale(runner, tmp_path):
     ("fa4_plain_bf16", "tiles", ["--layout", "bnhd", "--dtype", "bf16"]),
 ])
 def test_check_each_kernel(runner, bundle, kernel, extra):
-    r = run(runner, "check", f"samples/kernels/{bundle}.npz", "--kernel", kernel, *extra,
+    r = osm("check", f"samples/kernels/{bundle}.npz", "--kernel", kernel, *extra,
             "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -241,7 +231,7 @@ def test_check_each_kernel(runner, bundle, kernel, extra):
 
 
 def test_check_float32_bundle_note(runner):
-    r = run(runner, "check", "samples/kernels/sdpa_flash_bf16_causal.npz", "--causal",
+    r = osm("check", "samples/kernels/sdpa_flash_bf16_causal.npz", "--causal",
             "--causal-align", "top-left", "--kernel", "fa2")
     assert r.exit_code == 0, r.output
     assert r.stderr.strip() == ("note: --kernel fa2 takes 16-bit inputs; OUT, Q, K and V are "
@@ -250,9 +240,9 @@ def test_check_float32_bundle_note(runner):
 
 
 def test_check_unknown_kernel_and_fp8_on_fa2(runner):
-    r = run(runner, "check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa9")
+    r = osm("check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa9")
     assert r.exit_code == 2 and "'fa2', 'fa4', 'fa4-sm100', 'tiles'" in r.output
-    r = run(runner, "check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa2",
+    r = osm("check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa2",
             "--dtype", "e5m2")
     assert r.exit_code == 1
     assert error_line(r).startswith("Error: kernel fa2 takes float16, bfloat16 inputs, not "
@@ -262,38 +252,38 @@ def test_check_unknown_kernel_and_fp8_on_fa2(runner):
 @pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
 @pytest.mark.parametrize("width", [80, 100])
 def test_backward_each_kernel(runner, kernel, width):
-    r = run(runner, "backward", *QKV, "samples/do.npy", "--dtype", "bf16", "--kernel", kernel,
+    r = osm("backward", *QKV, "samples/do.npy", "--dtype", "bf16", "--kernel", kernel,
             width=width)
     assert r.exit_code == 0, r.output
     flat = " ".join(r.stdout.split())
     assert f"kernel {kernel}: " in flat and "its forward gave O and LSE" in flat
     assert all(len(line) <= width for line in r.stdout.splitlines())
-    doc = json.loads(run(runner, "backward", *QKV, "samples/do.npy", "--dtype", "bf16",
+    doc = json.loads(osm("backward", *QKV, "samples/do.npy", "--dtype", "bf16",
                          "--kernel", kernel, "--json").stdout)
     assert doc["kernel"] == kernel and doc["mma"] == "blas" and doc["own_forward"]
 
 
 def test_backward_kernel_needs_dtype(runner):
-    r = run(runner, "backward", *QKV, "samples/do.npy", "--kernel", "fa2")
+    r = osm("backward", *QKV, "samples/do.npy", "--kernel", "fa2")
     assert r.exit_code == 1 and error_line(r).startswith("Error: --kernel fa2 models a kernel")
 
 
 @pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
 def test_sweep_each_kernel(runner, kernel):
-    r = run(runner, "sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel", kernel,
+    r = osm("sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel", kernel,
             "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kernel"] == kernel and doc["dtype"] == "bfloat16"
-    text = run(runner, "sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel",
+    text = osm("sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel",
                kernel, width=80)
     assert all(len(line) <= 80 for line in text.stdout.splitlines())
 
 
 def test_sweep_refusals(runner):
-    r = run(runner, "sweep", *QKV, "--kernel", "fa4")
+    r = osm("sweep", *QKV, "--kernel", "fa4")
     assert error_line(r) == "Error: --kernel fa4 models a 16-bit or FP8 kernel; give --dtype"
-    r = run(runner, "sweep", "samples/matrix.txt", "--kernel", "fa2")
+    r = osm("sweep", "samples/matrix.txt", "--kernel", "fa2")
     assert error_line(r).startswith("Error: --dtype, --kernel and --mma model a kernel on Q/K/V")
 
 
@@ -333,7 +323,7 @@ def test_default_kernel_takes_the_runs_options():
 def test_check_of_a_sink_bundle_models_fa4(runner):
     """FA4's sink capture judged as bf16 without --kernel: the model beside it is fa4's (fa2
     takes no sinks), bit for bit the kernel's error, and the gradients are judged too."""
-    r = run(runner, "check", "samples/kernels/fa4_sink_bf16.npz", "--layout", "bnhd",
+    r = osm("check", "samples/kernels/fa4_sink_bf16.npz", "--layout", "bnhd",
             "--dtype", "bf16", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -346,7 +336,7 @@ def test_check_of_a_sink_bundle_models_fa4(runner):
 def test_check_of_the_combo_bundle_with_its_gradients(runner):
     """sink + softcap + GQA + causal + varlen, out and gradients, with the kernel named: every
     verdict PASS and the model row names fa4."""
-    r = run(runner, "check", "samples/kernels/fa4_combo_bf16.npz", "--causal", "--softcap", "30",
+    r = osm("check", "samples/kernels/fa4_combo_bf16.npz", "--causal", "--softcap", "30",
             "--kernel", "fa4")
     assert r.exit_code == 0, r.output
     assert "max |O − ref64|, osm's fa4 model   0.0155" in r.stdout
@@ -364,11 +354,11 @@ def test_fp8_trace_shows_the_saturating_p(runner, width):
     (5.545 in natural log) m stays at tile 3's max, the largest P of tiles 2, 1, 0 grows to
     2^10, 2^12, 2^14 and 49, 111 and all 128 of the row's P saturate at 448; eagerly (the
     kernel's own τ = 0 for FP8) every tile's largest P is 2^8 and none saturates."""
-    r = run(runner, "attention", *FP8, "--rescale-threshold", "5.545", width=width)
+    r = osm("attention", *FP8, "--rescale-threshold", "5.545", width=width)
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.stdout.splitlines() if ln.rstrip().endswith(
         ("256", "1024 (49)", "4096 (111)", "16384 (128)"))]
     assert [ln.split()[0] for ln in lines] == ["3", "2", "1", "0"]
     assert all(len(ln) <= width for ln in r.stdout.splitlines())
-    doc = json.loads(run(runner, "attention", *FP8, "--json").stdout)
+    doc = json.loads(osm("attention", *FP8, "--json").stdout)
     assert [(s["p_max"], s["saturated"]) for s in doc["trace"]["steps"]] == [(256.0, 0)] * 4
