@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import pytest
+from conftest import osm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli.cli import app
 from osm_cli.core import merge_partials
 from osm_cli.core.merge import fold_merge, merge_detail, partials, tree_merge
 from osm_cli.core.reference import logsumexp, stable_softmax
@@ -239,18 +239,12 @@ def _write(tmp_path, outs, lses, dtype=np.float64):
     return files
 
 
-def _run(runner, *args):
-    r = runner.invoke(app, ["merge", *map(str, args)])
-    assert "Traceback" not in r.stdout + r.stderr
-    return r
-
-
 def test_cli_merge_writes_files(runner, tmp_path):
     """Row 0 is the hand example (3/4, 1/4); row 1 is empty in split 0 (FA2's +inf)."""
     outs = [[[1.0, 0.0], [9.0, 9.0]], [[0.0, 1.0], [0.5, 0.5]]]
     lses = [[math.log(3), math.inf], [0.0, 2.0]]
     files = _write(tmp_path, outs, lses, np.float32)
-    r = _run(runner, *files, "--out", tmp_path / "o.npy", "--lse", tmp_path / "lse.npy")
+    r = osm("merge", *files, "--out", tmp_path / "o.npy", "--lse", tmp_path / "lse.npy")
     assert r.exit_code == 0, r.stderr
     o, lse = np.load(tmp_path / "o.npy"), np.load(tmp_path / "lse.npy")
     assert o.dtype == np.float32 and lse.dtype == np.float32  # the inputs' dtype
@@ -267,14 +261,14 @@ def test_cli_merge_wrote_lines_stay_whole(runner, tmp_path):
     deep = tmp_path / ("a-folder-with-a-long-name-" * 4)
     deep.mkdir()
     o, lse = deep / "merged-output.npy", deep / "merged-lse.npy"
-    r = _run(runner, *files, "--out", o, "--lse", lse)
+    r = osm("merge", *files, "--out", o, "--lse", lse)
     assert r.exit_code == 0, r.stderr
     assert r.stderr == f"wrote {o} (1, 2)\nwrote {lse} (1,)\n"
 
 
 def test_cli_merge_json_base2(runner, tmp_path, strict_json):
     files = _write(tmp_path, [[[1.0]], [[3.0]]], [[1.0], [1.0]])
-    r = _run(runner, *files, "--lse-base", "2", "--json")
+    r = osm("merge", *files, "--lse-base", "2", "--json")
     assert r.exit_code == 0, r.stderr
     doc = strict_json(r.stdout)
     assert doc["lse_base"] == "2" and doc["row_lse"] == 2.0 and doc["row_out"] == [2.0]
@@ -283,7 +277,7 @@ def test_cli_merge_json_base2(runner, tmp_path, strict_json):
 
 def test_cli_merge_all_empty(runner, tmp_path, strict_json):
     files = _write(tmp_path, [[[0.0, 0.0]], [[0.0, 0.0]]], [[-math.inf], [math.inf]])
-    r = _run(runner, *files, "--json")
+    r = osm("merge", *files, "--json")
     assert r.exit_code == 0
     doc = strict_json(r.stdout)
     assert doc["row_lse"] == "-inf" and doc["row_out"] == [0.0, 0.0] and doc["empty_rows"] == 1
@@ -336,7 +330,7 @@ def test_cli_merge_bad_inputs(runner, tmp_path, case, message):
         args += ["--out", tmp_path / "x.npy", "--lse", tmp_path / "x.npy"]
     elif case == "row":
         args += ["--row", "2"]
-    r = _run(runner, *args)
+    r = osm("merge", *args)
     assert r.exit_code == 1, r.stdout
     assert r.stderr.startswith("Error: ")
     assert message in r.stderr

@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
+from conftest import osm
 
-from osm_cli.cli import app
 from osm_cli.io import load_array, load_bundle, tensor_names
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -48,10 +48,6 @@ def kernel(tmp_path):
     path = tmp_path / "kernel.safetensors"
     stn.save_file({n: z[n] if n == "lse" else z[n].astype(BF16) for n in z.files}, str(path))
     return path
-
-
-def invoke(runner, *args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,16 +80,16 @@ def test_float8_safetensors_read_from_the_bytes(tmp_path):
 
 def test_attention_runs_a_bf16_or_fp8_kernel_in_its_own_dtype(runner, tmp_path, kernel):
     """bf16 (or fp8) Q, K, V can only come from a kernel in that dtype: --dtype defaults to it."""
-    r = invoke(runner, "attention", kernel, "--causal", "--json")
+    r = osm("attention", kernel, "--causal", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["precision"]["dtype"] == "bfloat16" and doc["precision"]["verdict"]["passed"]
     x = np.random.default_rng(0).normal(0, 1, (2, 16, 8)).astype(ml_dtypes.float8_e4m3fn)
     write_safetensors(tmp_path / "f8.safetensors", {"q": x, "k": x, "v": x})
-    r = invoke(runner, "attention", tmp_path / "f8.safetensors", "--json")
+    r = osm("attention", tmp_path / "f8.safetensors", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["precision"]["dtype"] == "float8_e4m3fn"
-    r = invoke(runner, "attention", kernel, "--causal", "--dtype", "fp32", "--json")
+    r = osm("attention", kernel, "--causal", "--dtype", "fp32", "--json")
     assert json.loads(r.stdout)["precision"]["dtype"] == "float32"  # unless it says otherwise
 
 
@@ -102,7 +98,7 @@ def test_every_reader_takes_safetensors(runner, tmp_path):
     rng = np.random.default_rng(3)
     s = rng.normal(0, 2, 10)
     stn.save_file({"s": s}, str(tmp_path / "s.safetensors"))
-    r = invoke(runner, "trace", tmp_path / "s.safetensors", "-b", "4", "--json")
+    r = osm("trace", tmp_path / "s.safetensors", "-b", "4", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["probabilities"] == pytest.approx(
         np.exp(s - s.max()) / np.exp(s - s.max()).sum())
     q, k, v = (rng.normal(0, 1, (8, 4)).astype(np.float32) for _ in range(3))
@@ -110,19 +106,19 @@ def test_every_reader_takes_safetensors(runner, tmp_path):
         stn.save_file({n: a}, str(tmp_path / f"{n}.safetensors"))
     stn.save_file({"mask": np.tril(np.ones((8, 8), bool))}, str(tmp_path / "m.safetensors"))
     three = [tmp_path / f"{n}.safetensors" for n in "qkv"]
-    with_mask = invoke(runner, "attention", *three, "--mask", tmp_path / "m.safetensors",
+    with_mask = osm("attention", *three, "--mask", tmp_path / "m.safetensors",
                        "--json")
-    causal = invoke(runner, "attention", *three, "--causal", "--json")
+    causal = osm("attention", *three, "--causal", "--json")
     assert with_mask.exit_code == 0, with_mask.output
     assert (json.loads(with_mask.stdout)["trace"]["out"]
             == json.loads(causal.stdout)["trace"]["out"])
-    r = invoke(runner, "sweep", *three, "--blocks", "2,4", "--json")
+    r = osm("sweep", *three, "--blocks", "2,4", "--json")
     assert r.exit_code == 0 and [b["block"] for b in json.loads(r.stdout)["blocks"]] == [2, 4]
     for n in ("o0", "lse0", "o1", "lse1"):
         stn.save_file({n: np.load(f"samples/partials/{n}.npy")}, str(tmp_path / f"{n}.st"))
         (tmp_path / f"{n}.st").rename(tmp_path / f"{n}.safetensors")
     parts = [tmp_path / f"{n}.safetensors" for n in ("o0", "lse0", "o1", "lse1")]
-    r = invoke(runner, "merge", *parts, "--json")
+    r = osm("merge", *parts, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["row_lse"] == pytest.approx(np.log(4))
 
 
@@ -131,28 +127,28 @@ def test_backward_takes_a_safetensors_bundle_and_raw_npy(runner, tmp_path):
     as from the .npz; and its four .npy files as bf16 |V2 with --input-dtype."""
     z = dict(np.load("samples/backward_tiny.npz"))
     stn.save_file(z, str(tmp_path / "tiny.safetensors"))
-    a = invoke(runner, "backward", "samples/backward_tiny.npz", "--scale", "1", "--json")
-    b = invoke(runner, "backward", tmp_path / "tiny.safetensors", "--scale", "1", "--json")
+    a = osm("backward", "samples/backward_tiny.npz", "--scale", "1", "--json")
+    b = osm("backward", tmp_path / "tiny.safetensors", "--scale", "1", "--json")
     assert a.exit_code == 0 and b.exit_code == 0, b.output
     assert json.loads(a.stdout)["errors"] == json.loads(b.stdout)["errors"]
     rng = np.random.default_rng(4)
     for n in ("q", "k", "v", "do"):
         np.save(tmp_path / f"{n}.npy", rng.normal(0, 1, (2, 16, 8)).astype(BF16))
     files = [tmp_path / f"{n}.npy" for n in ("q", "k", "v", "do")]
-    r = invoke(runner, "backward", *files)
+    r = osm("backward", *files)
     assert r.exit_code == 1 and "pass --input-dtype bf16" in r.stderr
-    r = invoke(runner, "backward", *files, "--input-dtype", "bf16", "--json")
+    r = osm("backward", *files, "--input-dtype", "bf16", "--json")
     assert r.exit_code == 0, r.output
 
 
 def test_a_broken_safetensors_file_is_one_error_line(runner, tmp_path, kernel):
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    r = invoke(runner, "attention", tmp_path / "bad.safetensors")
+    r = osm("attention", tmp_path / "bad.safetensors")
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.startswith(f"Error: {tmp_path / 'bad.safetensors'}: not a valid "
                                ".safetensors file") and r.stderr.count("\n") == 1
     stn.save_file({"q": np.zeros((2, 2), np.float32)}, str(tmp_path / "q.safetensors"))
-    r = invoke(runner, "attention", tmp_path / "q.safetensors")
+    r = osm("attention", tmp_path / "q.safetensors")
     assert r.exit_code == 1
     assert r.stderr == (f"Error: {tmp_path / 'q.safetensors'}: has no array 'k' (it has q; a "
                         "kernel's tensors are named out, q, k, v, lse, do, dq, dk, dv)\n")
@@ -173,7 +169,7 @@ def raw_npy(tmp_path):
 
 
 def test_raw_two_byte_values_say_what_to_pass(runner, raw_npy):
-    r = invoke(runner, "attention", *(raw_npy / f"{n}.npy" for n in "qkv"))
+    r = osm("attention", *(raw_npy / f"{n}.npy" for n in "qkv"))
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr == (
         f"Error: {raw_npy / 'q.npy'}: holds raw 2-byte values (|V2), as ml_dtypes writes "
@@ -183,21 +179,21 @@ def test_raw_two_byte_values_say_what_to_pass(runner, raw_npy):
 
 def test_input_dtype_reads_them(runner, raw_npy):
     files = [raw_npy / f"{n}.npy" for n in ("out", "q", "k", "v")]
-    r = invoke(runner, "check", *files, "--lse", raw_npy / "lse.npy", "--causal",
+    r = osm("check", *files, "--lse", raw_npy / "lse.npy", "--causal",
                "--input-dtype", "bf16", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["verdict"]["dtype"] == "bfloat16"  # OUT's own, as given
-    r = invoke(runner, "attention", *files[1:], "--causal", "--input-dtype", "bf16", "--json")
+    r = osm("attention", *files[1:], "--causal", "--input-dtype", "bf16", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["precision"]["verdict"]["passed"]
-    r = invoke(runner, "sweep", *files[1:], "--causal", "--blocks", "64", "--input-dtype", "bf16")
+    r = osm("sweep", *files[1:], "--causal", "--blocks", "64", "--input-dtype", "bf16")
     assert r.exit_code == 0, r.output
     np.save(raw_npy / "s.npy", np.array([2.0, 4.0, 1.0, 3.0]).astype(BF16))
-    r = invoke(runner, "trace", raw_npy / "s.npy", "--input-dtype", "bf16", "--json")
+    r = osm("trace", raw_npy / "s.npy", "--input-dtype", "bf16", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["l"] == pytest.approx(1.5530017928)
-    r = invoke(runner, "attention", *files[1:], "--input-dtype", "e4m3")
+    r = osm("attention", *files[1:], "--input-dtype", "e4m3")
     assert r.exit_code == 1
     assert "holds raw 2-byte values (|V2); --input-dtype float8_e4m3fn is 1-byte" in r.stderr
-    r = invoke(runner, "attention", *files[1:], "--input-dtype", "fp7")
+    r = osm("attention", *files[1:], "--input-dtype", "fp7")
     assert r.exit_code == 2  # a bad option value
 
 
@@ -206,10 +202,10 @@ def test_raw_one_byte_values_name_the_float8_formats(runner, tmp_path, fp8):
     """ml_dtypes saves float8_e4m3fn with descr 'V1' and float8_e5m2 with 'f1', which np.load
     cannot even read: both come back as raw 1-byte values."""
     np.save(tmp_path / "s.npy", np.array([0.5, 1.0, 1.5, 2.0], getattr(ml_dtypes, fp8)))
-    r = invoke(runner, "trace", tmp_path / "s.npy")
+    r = osm("trace", tmp_path / "s.npy")
     assert r.exit_code == 1 and "holds raw 1-byte values (|V1)" in r.stderr
     assert "--input-dtype e4m3 (or e5m2)" in r.stderr
-    r = invoke(runner, "trace", tmp_path / "s.npy", "--input-dtype", fp8, "--json")
+    r = osm("trace", tmp_path / "s.npy", "--input-dtype", fp8, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["m"] == 2.0
 
@@ -221,7 +217,7 @@ def test_raw_one_byte_values_name_the_float8_formats(runner, tmp_path, fp8):
 @pytest.mark.parametrize("tag", ["fp16", "bf16"])
 def test_check_bundle_npz(runner, tag):
     """samples/kernel_*.npz hold out, q, k, v and lse: one argument judges both."""
-    r = invoke(runner, "check", f"samples/kernel_{tag}.npz", "--causal",
+    r = osm("check", f"samples/kernel_{tag}.npz", "--causal",
                *(["--dtype", "bf16"] if tag == "bf16" else []))  # bf16 stored as float32
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith(f"samples/kernel_{tag}.npz: out: shape (1, 2, 256, 64)")
@@ -230,7 +226,7 @@ def test_check_bundle_npz(runner, tag):
 
 def test_check_bundle_safetensors_in_one_command(runner, kernel):
     """A kernel's bf16 tensors in a .safetensors file to a verdict: no --dtype needed."""
-    r = invoke(runner, "check", kernel, "--causal")
+    r = osm("check", kernel, "--causal")
     assert r.exit_code == 0, r.output
     assert "judged as bfloat16" in r.stdout and "LSE rule" in r.stdout
     assert "verdict                            PASS" in r.stdout
@@ -241,7 +237,7 @@ def test_check_bundle_fails_a_corrupt_row(runner, tmp_path):
     z["out"] = z["out"].copy()
     z["out"][0, 1, 200] *= np.float16(1.05)
     np.savez(tmp_path / "bad.npz", **z)
-    r = invoke(runner, "check", tmp_path / "bad.npz", "--causal")
+    r = osm("check", tmp_path / "bad.npz", "--causal")
     assert r.exit_code == 1 and r.stderr.startswith("FAIL: ")
     assert "1 of 512 rows over the bound" in r.stderr
 
@@ -250,22 +246,22 @@ def test_check_out_and_one_qkv_safetensors(runner, tmp_path, kernel):
     z = np.load("samples/kernel_fp16.npz")
     np.save(tmp_path / "o.npy", z["out"])
     stn.save_file({n: z[n] for n in "qkv"}, str(tmp_path / "qkv.safetensors"))
-    r = invoke(runner, "check", tmp_path / "o.npy", tmp_path / "qkv.safetensors", "--causal")
+    r = osm("check", tmp_path / "o.npy", tmp_path / "qkv.safetensors", "--causal")
     assert r.exit_code == 0, r.output
 
 
 def test_check_bundle_errors(runner, tmp_path):
     z = dict(np.load("samples/kernel_fp16.npz"))
     np.savez(tmp_path / "no_out.npz", **{n: z[n] for n in "qkv"})
-    r = invoke(runner, "check", tmp_path / "no_out.npz")
+    r = osm("check", tmp_path / "no_out.npz")
     assert r.exit_code == 1
     assert r.stderr.startswith(f"Error: {tmp_path / 'no_out.npz'}: has no array 'out' (it has "
                                "q, k, v;")
-    r = invoke(runner, "check", "samples/kernel_fp16.npz", "--lse", "samples/partials/lse0.npy")
+    r = osm("check", "samples/kernel_fp16.npz", "--lse", "samples/partials/lse0.npy")
     assert r.exit_code == 1 and "holds its own lse; --lse gives another" in r.stderr
-    r = invoke(runner, "check", "samples/q.npy")
+    r = osm("check", "samples/q.npy")
     assert r.exit_code == 1 and "check takes BUNDLE" in r.stderr
-    r = invoke(runner, "check", "samples/q.npy", "samples/k.npy", "samples/v.npy")
+    r = osm("check", "samples/q.npy", "samples/k.npy", "samples/v.npy")
     assert r.exit_code == 1 and "got 3 files" in r.stderr
 
 
@@ -279,16 +275,16 @@ def test_check_bundle_judges_its_gradients(runner, tmp_path):
     grads = attention_reference(z["q"], z["k"], z["v"], dout=do, causal=True).grads
     dq, dk, dv = (g.astype(np.float16) for g in grads)
     np.savez(tmp_path / "fwd_bwd.npz", **z, do=do, dq=dq, dk=dk, dv=dv)
-    r = invoke(runner, "check", tmp_path / "fwd_bwd.npz", "--causal")
+    r = osm("check", tmp_path / "fwd_bwd.npz", "--causal")
     assert r.exit_code == 0, r.output
     assert "dQ rule" in r.stdout and "dV rule" in r.stdout
     dq[0, 1, 9] *= np.float16(1.05)
     stn.save_file({**z, "do": do, "dq": dq, "dk": dk, "dv": dv},
                   str(tmp_path / "fwd_bwd.safetensors"))
-    r = invoke(runner, "check", tmp_path / "fwd_bwd.safetensors", "--causal")
+    r = osm("check", tmp_path / "fwd_bwd.safetensors", "--causal")
     assert r.exit_code == 1 and r.stderr.startswith("FAIL: ") and "dQ" in r.stderr
-    r = invoke(runner, "check", tmp_path / "fwd_bwd.npz", "--dq", tmp_path / "x.npy")
+    r = osm("check", tmp_path / "fwd_bwd.npz", "--dq", tmp_path / "x.npy")
     assert r.exit_code == 1 and "holds its own dq; --dq gives another" in r.stderr
     np.savez(tmp_path / "bad_grad.npz", **z, do=do, dq=np.zeros(z["q"].shape, complex))
-    r = invoke(runner, "check", tmp_path / "bad_grad.npz", "--causal")
+    r = osm("check", tmp_path / "bad_grad.npz", "--causal")
     assert r.exit_code == 1 and "dq: holds complex numbers" in r.stderr
