@@ -90,7 +90,7 @@ def test_round_inputs_refuses_overflow_and_non_finite():
     with pytest.raises(OsmError) as info:
         round_inputs({"Q": np.ones(3), "K": np.array([1.0, 7e4, 2.0])}, F16)
     assert str(info.value) == ("K: 1 value(s) overflow float16 (largest finite 65504), the first "
-                               "70000 at index (1,); scale the inputs or pick a wider --dtype")
+                               "70000 at index (1,); scale the inputs or pick a wider `dtype`")
     with pytest.raises(OsmError, match=r"^V holds nan at index \(0, 1\)"):
         round_inputs({"V": np.array([[1.0, np.nan]])}, BF16)
 

@@ -217,11 +217,23 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
     tb, th, ti = plan.traced
     trace_out = None if tb < 0 else out5[tb, th // g, th % g, ti].copy()
     return Attention(
-        out, lse, float(plan.scale), tuple(np.shape(q)), tuple(np.shape(k)),
-        tuple(np.shape(v)), plan.bq, plan.bk, opts.causal, opts.causal_align, opts.window,
-        masked_lse, counts.computed, counts.skipped, counts.rescales,
-        int(np.count_nonzero(empty)), tuple(trace), plan.traced, trace_out, tiles_total,
-        mask_about(None if opts.mask is None else np.asarray(opts.mask)), counts.row_visits,
+        out=out, lse=lse, **run_fields(q, k, v, opts, masked_lse, scale=float(plan.scale)),
+        block_q=plan.bq, block_k=plan.bk, tiles_computed=counts.computed,
+        tiles_skipped=counts.skipped, tiles_total=tiles_total, rescales=counts.rescales,
+        masked_rows=int(np.count_nonzero(empty)), row_visits=counts.row_visits,
+        trace=tuple(trace), traced=plan.traced, trace_out=trace_out,
+    )
+
+
+def run_fields(q, k, v, opts: ScoreOptions, masked_lse: str, scale: float | None = None) -> dict:
+    """The fields of an Attention record that say what was asked (the shapes, the scale, the
+    masks, the kernel inputs), by name: one place for every loop that builds one."""
+    return dict(
+        scale=float(opts.scale_for(np.shape(q)[-1]) if scale is None else scale),
+        shape_q=tuple(np.shape(q)), shape_k=tuple(np.shape(k)), shape_v=tuple(np.shape(v)),
+        causal=bool(opts.causal), align=opts.causal_align, window=opts.window,
+        masked_lse=masked_lse, mask=mask_about(None if opts.mask is None else
+                                               np.asarray(opts.mask)),
         softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
     )
 
@@ -259,13 +271,10 @@ def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_ls
         "tiles_computed", "tiles_skipped", "rescales", "masked_rows", "tiles_total",
         "row_visits")}
     return Attention(
-        out, lse, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)), tuple(np.shape(k)),
-        tuple(np.shape(v)), first.block_q if first else 0, first.block_k if first else 0,
-        opts.causal, "bottom-right", opts.window, masked_lse, total["tiles_computed"],
-        total["tiles_skipped"], total["rescales"], total["masked_rows"], trace,
-        trace_at or (0, 0, 0), None if traced is None else traced.trace_out,
-        total["tiles_total"], "none", total["row_visits"], batch=about(packed),
-        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+        out=out, lse=lse, **{**run_fields(q, k, v, opts, masked_lse), "align": "bottom-right"},
+        block_q=first.block_q if first else 0, block_k=first.block_k if first else 0,
+        **total, trace=trace, traced=trace_at or (0, 0, 0),
+        trace_out=None if traced is None else traced.trace_out, batch=about(packed),
     )
 
 
@@ -280,4 +289,4 @@ assemble = _assemble
 packed_attention = _packed
 
 __all__ = ["Attention", "Hooks", "ScoreOptions", "Tiling", "assemble", "attention", "masked_as",
-           "packed_attention", "run_q_tiles"]
+           "packed_attention", "run_fields", "run_q_tiles"]

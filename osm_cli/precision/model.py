@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from osm_cli.errors import OsmError
-from osm_cli.flash.forward import Attention, Hooks, ScoreOptions, attention, masked_as
-from osm_cli.flash.masks import mask_about
+from osm_cli.flash.forward import Attention, Hooks, ScoreOptions, attention, masked_as, run_fields
 from osm_cli.flash.options import split_options
 from osm_cli.flash.reference import reference
 from osm_cli.flash.shapes import as_bhnd, check_traced, row_of
@@ -174,11 +173,12 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf", op
     empty = np.isneginf(lse)
     lse = masked_as(lse, masked_lse)
     trace_out = None if trace_at is None else row_of(out, trace_at, opts.layout).copy()
+    fields = run_fields(q, k, v, opts, masked_lse)
     return Attention(
-        out, lse, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)), tuple(np.shape(k)),
-        tuple(np.shape(v)), 0, 0, bool(opts.causal), opts.causal_align, opts.window, masked_lse,
-        0, 0, 0, int(np.count_nonzero(empty)), (), trace_at or (0, 0, 0), trace_out,
-        mask=mask_about(None if opts.mask is None else np.asarray(opts.mask)), one_shot=True,
+        out=out, lse=lse, **{**fields, "softcap": None, "alibi": False, "sinks": False},
+        block_q=0, block_k=0, tiles_computed=0, tiles_skipped=0, rescales=0,
+        masked_rows=int(np.count_nonzero(empty)), trace=(), traced=trace_at or (0, 0, 0),
+        trace_out=trace_out, one_shot=True,
     )
 
 
