@@ -12,7 +12,7 @@ import osm_cli
 from osm_cli.cli.panels import PANELS, panel_of
 
 COMMANDS = ("trace", "attention", "backward", "overflow-demo", "merge", "sweep", "cost",
-            "check")
+            "check", "battery")
 
 
 def sections(text: str) -> list[str]:

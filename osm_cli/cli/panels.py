@@ -18,7 +18,7 @@ PANELS = {
     "Masking": ("causal", "causal_align", "window", "mask", "scale", "layout"),
     "Tiling": ("block", "blocks", "block_q", "block_k", "form", "order", "seed", "splits",
                "rescale_threshold"),
-    "Trace": ("row", "batch", "head", "query", "key", "seq", "show_all", "step"),
+    "Trace": ("row", "batch", "head", "query", "key", "seq", "show_all", "step", "explain"),
     "Precision & kernel": ("dtype", "precision", "accum", "kernel", "mma", "masked_lse",
                            "input_dtype", "grad_rule", "no_model", "no_reference", "lse_base"),
     "Kernel inputs": ("softcap", "alibi", "sinks", "sink", "cu_seqlens_q", "cu_seqlens_k",
@@ -27,7 +27,9 @@ PANELS = {
     "Kernel tensors": ("o_path", "lse", "do", "dq", "dk", "dv", "dq_path", "dk_path",
                        "dv_path"),
     "Cost model": ("seq_len", "head_dim", "heads", "dtype_bytes", "sram"),
-    "Output": ("as_json", "csv", "plot", "svg", "html", "out_path", "lse_path", "top"),
+    "Battery": ("features", "head_dims", "arrays", "device", "backend", "budget", "cases", "rule",
+                "repeat", "replay", "max_failures", "no_shrink"),
+    "Output": ("as_json", "csv", "plot", "svg", "html", "out_path", "lse_path", "top", "junit"),
 }
 # where a command's name means another thing: backward's --lse reads the forward's LSE, cost's
 # --batch is the batch size
