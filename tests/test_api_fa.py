@@ -160,3 +160,18 @@ def test_attention_json_names_the_softmax_scale_apart_from_a_steps_alpha():
     res = osm_cli.attention(q, k, v, causal=True, block_k=2, trace_at=(0, 0, 5))
     steps = doc["trace"]["steps"]
     assert len(steps) == 4 and [s["scale"] for s in steps] == [s.alpha for s in res.trace]
+
+
+def test_fa2_split_kv_of_a_bnhd_batch_is_the_bhnd_one():
+    """FA2's split-KV combine (16 splits here) on (B, N, H, d): O stored like Q, the LSE
+    (B, H, N); the same bits as the (B, H, N, d) run (the battery found a bnhd mismatch)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+               for shape in ((1, 4, 2, 64), (1, 4096, 2, 64), (1, 4096, 2, 64)))
+    a = osm_cli.attention(q, k, v, layout="bnhd", dtype="bf16", kernel="fa2", trace_at=None)
+    b = osm_cli.attention(*(np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)),
+                          dtype="bf16", kernel="fa2", trace_at=None)
+    assert a.splits == b.splits > 1
+    assert np.array_equal(a.out, b.out.transpose(0, 2, 1, 3)) and np.array_equal(a.lse, b.lse)

@@ -36,7 +36,11 @@ def split_kv_run(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, dense,
     ranges = [(j * bk, min(s, (j + per) * bk)) for j in range(0, n_blocks, per)]
     parts = [dense(q, k, v, opts=opts, masked_lse="neg-inf", trace_at=trace_at, keys=r,
                    block_k=bk) for r in ranges]
-    out, merged_lse = fa2_combine([p.out for p in parts], [p.lse for p in parts], d)
+    # O is stored like Q, the LSE as (B, H, N): bnhd's O is combined with its N and H swapped
+    swap = layout == "bnhd" and np.ndim(parts[0].out) >= 3
+    outs = [np.swapaxes(p.out, -3, -2) if swap else p.out for p in parts]
+    out, merged_lse = fa2_combine(outs, [p.lse for p in parts], d)
+    out = np.swapaxes(out, -3, -2) if swap else out
     lse = masked_as(merged_lse, masked_lse)
     trace = tuple(st for p in parts for st in p.trace)
     return replace(parts[0], out=out, lse=lse, trace=trace,
