@@ -25,13 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import gpu_approx
+from .mma import tensor_core, toward_zero
 from .names import MMAS
 
 LOG2E = math.log2(math.e)  # the kernels' LOG2_E / M_LOG2E, a float32 constant on the GPU
 LN2 = math.log(2.0)
 F32 = np.float32
-MMA_K = 16  # the k of one 16-bit MMA instruction (mma.sync m16n8k16, wgmma …k16)
-MMA_EXTRA = 2  # bits the tensor cores keep below float32's last when aligning terms
 EXP2_EMU = (1.0, 0.695146143436431884765625, 0.227564394474029541015625,
             0.077119089663028717041015625)  # FA4 SM100's 2^f on [0, 1), Horner from the top
 
@@ -109,28 +108,12 @@ def exp2_emulated(x: np.ndarray) -> np.ndarray:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, how: str, c: np.ndarray | None = None) -> np.ndarray:
-    """a @ b (+ c) in float32: BLAS, or the tensor cores' accumulation (module docstring)."""
+    """a @ b (+ c) in float32: BLAS, or the tensor cores' accumulation (module docstring;
+    mma.tensor_core, compiled where numba is installed)."""
     if how == "blas":
         prod = np.matmul(a, b)
         return prod if c is None else np.add(c, prod, out=prod)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    acc = np.zeros((*a.shape[:-1], b.shape[-1])) if c is None else c.astype(np.float64)
-    for k0 in range(0, a.shape[-1], MMA_K):
-        terms = a64[..., :, None, k0:k0 + MMA_K] * np.swapaxes(b64[..., k0:k0 + MMA_K, :],
-                                                               -1, -2)[..., None, :, :]
-        terms = np.concatenate([acc[..., None], terms], axis=-1)
-        top = np.abs(terms).max(axis=-1, keepdims=True)
-        _, e = np.frexp(np.where(top == 0, 1.0, top))
-        quantum = np.ldexp(1.0, e - 1 - 23 - MMA_EXTRA)
-        acc = toward_zero(np.trunc(terms / quantum).sum(axis=-1) * quantum[..., 0])
-    return acc.astype(F32)
-
-
-def toward_zero(x: np.ndarray) -> np.ndarray:
-    """float64 to the float32 value next to it toward zero (as float64)."""
-    f = x.astype(F32)
-    over = np.abs(f.astype(np.float64)) > np.abs(x)
-    return np.where(over, np.nextafter(f, F32(0)), f).astype(np.float64)
+    return tensor_core(a, b, c)
 
 
 def fma(a: np.ndarray, b, c) -> np.ndarray:

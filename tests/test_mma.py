@@ -1,0 +1,200 @@
+"""The fast tensor-core accumulation (precision/mma.py, docs/numerics.md#tensor-cores) against
+the implementation it replaced, kept here as the reference: bit for bit on random inputs of
+every dtype and their extremes, on both paths (numba, numpy), and on every capture's forward
+and backward."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import osm_cli.precision.gpu_ops as gpu_ops
+import osm_cli.precision.mma as mma
+from osm_cli.attention.options import split_options
+from osm_cli.precision.backward import flash_backward
+from osm_cli.precision.kernels import run_flash
+from osm_cli.precision.model import model
+
+F32 = np.float32
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def reference(a, b, c=None):
+    """gpu_ops.matmul(how="tensor-core") as it was before the compiled kernel (osm 0.2.0)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    acc = np.zeros((*a.shape[:-1], b.shape[-1])) if c is None else c.astype(np.float64)
+    for k0 in range(0, a.shape[-1], 16):
+        terms = a64[..., :, None, k0:k0 + 16] * np.swapaxes(b64[..., k0:k0 + 16, :],
+                                                            -1, -2)[..., None, :, :]
+        terms = np.concatenate([acc[..., None], terms], axis=-1)
+        top = np.abs(terms).max(axis=-1, keepdims=True)
+        _, e = np.frexp(np.where(top == 0, 1.0, top))
+        quantum = np.ldexp(1.0, e - 1 - 23 - 2)
+        x = np.trunc(terms / quantum).sum(axis=-1) * quantum[..., 0]
+        f = x.astype(F32)
+        over = np.abs(f.astype(np.float64)) > np.abs(x)
+        acc = np.where(over, np.nextafter(f, F32(0)), f).astype(np.float64)
+    return acc.astype(F32)
+
+
+def same_bits(x, y) -> bool:
+    """Equal bit for bit (every NaN counts as one)."""
+    x, y = np.asarray(x, F32), np.asarray(y, F32)
+    nan = np.isnan(x)
+    return bool(np.array_equal(nan, np.isnan(y))
+                and np.array_equal(x[~nan].view(np.int32), y[~nan].view(np.int32)))
+
+
+DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3": ml_dtypes.float8_e4m3fn,
+          "e5m2": ml_dtypes.float8_e5m2, "fp32": F32}
+
+
+def _values(rng, shape, dt, scale):
+    x = (rng.standard_normal(shape) * scale).astype(np.float64)
+    with np.errstate(over="ignore"):
+        return x.astype(dt).astype(F32) if dt is not F32 else x.astype(F32)
+
+
+def _extremes(x, dt, rng):
+    """Zeros of both signs, the dtype's largest and smallest values, its subnormals, at random
+    places."""
+    info = ml_dtypes.finfo(dt) if dt is not F32 else np.finfo(F32)
+    special = [0.0, -0.0, float(info.max), -float(info.max), float(info.smallest_normal),
+               float(info.smallest_subnormal), -float(info.smallest_subnormal), 1.0, -1.0]
+    flat = x.reshape(-1)
+    at = rng.choice(flat.size, size=flat.size // 6, replace=False)
+    flat[at] = rng.choice(np.array(special, dtype=np.float64), size=at.size).astype(dt).astype(F32)
+    return x
+
+
+@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
+def path(request, monkeypatch):
+    """Both of tensor_core's paths: compiled (where numba is installed) and numpy."""
+    if request.param and not mma.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(mma, "HAVE_NUMBA", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dt", list(DTYPES), ids=str)
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 300.0])
+def test_random_inputs_every_dtype(path, dt, scale):
+    rng = np.random.default_rng(hash((dt, scale)) % 2**32)
+    d = DTYPES[dt]
+    for k in (64, 16, 40, 7):  # whole chunks, and a last chunk of fewer terms
+        a = _values(rng, (3, 33, k), d, scale)
+        b = _values(rng, (3, k, 24), d, 1.0)
+        c = rng.standard_normal((3, 33, 24)).astype(F32)
+        assert same_bits(mma.tensor_core(a, b), reference(a, b))
+        assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
+
+
+@pytest.mark.parametrize("dt", list(DTYPES), ids=str)
+def test_extremes_every_dtype(path, dt):
+    rng = np.random.default_rng(7)
+    d = DTYPES[dt]
+    a = _extremes(_values(rng, (2, 40, 48), d, 1.0), d, rng)
+    b = _extremes(_values(rng, (2, 48, 20), d, 1.0), d, rng)
+    c = _extremes(rng.standard_normal((2, 40, 20)).astype(F32), F32, rng)
+    with np.errstate(invalid="ignore", over="ignore"):
+        assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
+        assert same_bits(mma.tensor_core(a, b), reference(a, b))
+
+
+def test_non_finite_and_cancelling_terms(path):
+    a = np.array([[1.0, -1.0] + [2.0**-26] * 14 + [np.inf, 1.0],
+                  [np.inf, -np.inf] + [0.0] * 16,
+                  [np.nan] + [1.0] * 17,
+                  [1.0, -1.0] + [0.0] * 16,
+                  [-0.0] * 18,
+                  [3.0e38, 3.0e38] + [0.0] * 16,
+                  [2.0**-140, 2.0**-149] + [2.0**-149] * 16], F32)
+    b = np.ones((18, 2), F32)
+    b[:, 1] = -1.0
+    c = np.array([[0, 0], [0, 0], [0, 0], [-0.0, -0.0], [-0.0, -0.0], [0, 0], [2.0**-149, 0]], F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        got, want = mma.tensor_core(a, b, c), reference(a, b, c)
+    assert same_bits(got, want)
+    assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
+    assert got[5, 0] == np.finfo(F32).max  # toward zero: the largest float32, not inf
+    assert not np.signbit(got[4]).any()  # numpy's sum of zeros is +0, and so is the kernel's
+
+
+def test_broadcast_and_empty(path):
+    rng = np.random.default_rng(3)
+    a = _values(rng, (2, 1, 5, 32), ml_dtypes.bfloat16, 1.0)
+    b = _values(rng, (3, 32, 4), ml_dtypes.bfloat16, 1.0)
+    assert mma.tensor_core(a, b).shape == (2, 3, 5, 4)
+    wide = (np.broadcast_to(a, (2, 3, 5, 32)), np.broadcast_to(b, (2, 3, 32, 4)))
+    assert same_bits(mma.tensor_core(a, b), reference(*wide))
+    e = mma.tensor_core(np.zeros((2, 0, 16), F32), np.zeros((2, 16, 3), F32))
+    assert e.shape == (2, 0, 3)
+
+
+def test_matmul_dispatches_to_the_kernel():
+    a = np.array([[1.0, 0.75 * 2.0**-23]], F32)
+    b = np.ones((2, 1), F32)
+    assert gpu_ops.matmul(a, b, "tensor-core")[0, 0] == F32(1.0)
+    assert gpu_ops.matmul(a, b, "blas")[0, 0] == F32(1 + 2.0**-23)
+
+
+# --- every capture, forward and backward, against the reference ---------------------------------
+
+def _captures():
+    """Each captured input once (SDPA's three backends share theirs), with its preset."""
+    name = "osm_benchmarks_captures"  # benchmarks/captures.py, the captures' one loader
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks/captures.py")
+    mod = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(mod)
+    seen = {}
+    for c in mod.load_cases(ROOT / "samples" / "kernels"):
+        seen.setdefault((c.name, c.dtype, c.kernel == "fa4"), c)
+    return list(seen.values())
+
+
+CASES = _captures()
+
+
+def _with_reference(monkeypatch):
+    monkeypatch.setattr(gpu_ops, "tensor_core", reference)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_every_capture_forward_and_backward(case, monkeypatch):
+    if not mma.HAVE_NUMBA:
+        pytest.skip("numba is not installed: the numpy path is the reference itself")
+    a = case.arrays
+    q, k, v = (a[n].astype(F32) for n in "qkv")
+    kernel = "fa4" if case.kernel == "fa4" else "fa2"  # the preset each capture is judged by
+    m = model(case.dtype)
+    kw = dict(kernel=kernel, mma="tensor-core", **case.opts)
+    fast = run_flash(m, q, k, v, trace_at=None, **kw)
+    back = None
+    bkw = dict(kernel=kernel, mma="tensor-core", opts=split_options(dict(case.opts))[0],
+               trace_at=None)
+    if "do" in a and "cu_seqlens_q" not in case.opts and "page_table" not in case.opts:
+        back = flash_backward(m, q, k, v, a["do"].astype(F32), **bkw)
+    _with_reference(monkeypatch)
+    slow = run_flash(m, q, k, v, trace_at=None, **kw)
+    assert same_bits(fast.out, slow.out) and same_bits(fast.lse, slow.lse)
+    if back is not None:
+        ref = flash_backward(m, q, k, v, a["do"].astype(F32), **bkw)
+        for g in ("dq", "dk", "dv"):
+            assert same_bits(getattr(back, g), getattr(ref, g)), g
+
+
+@pytest.mark.parametrize("kernel", ["fa2", "fa4", "fa4-sm100"])
+@pytest.mark.parametrize("name", ["kernel_bf16", "kernel_fp16"])
+def test_sample_captures_every_preset(kernel, name, monkeypatch):
+    z = np.load(ROOT / "samples" / f"{name}.npz")
+    q, k, v = (z[n][:, :, :96].astype(F32) for n in "qkv")
+    m = model("bf16" if "bf16" in name else "fp16")
+    fast = run_flash(m, q, k, v, kernel=kernel, mma="tensor-core", causal=True, trace_at=None)
+    _with_reference(monkeypatch)
+    slow = run_flash(m, q, k, v, kernel=kernel, mma="tensor-core", causal=True, trace_at=None)
+    assert same_bits(fast.out, slow.out) and same_bits(fast.lse, slow.lse)
