@@ -5,6 +5,11 @@
   magnitudes ≤ 2^60 and c is finite (mma.py's docstring says why that is exact), else the
   float64 one, element by element.
 
+The kernel runs on the calling thread and releases the GIL: the kernel presets' loop already
+runs its Q tiles a thread per core (attention/forward.py), so a parallel kernel would only
+oversubscribe the cores (and numba's default thread pool on macOS is not safe to enter from
+several threads at once).
+
 Leaves out: the shapes and broadcasting (mma.tensor_core), the numpy path (mma.py).
 
 Example: mma(a, b, np.zeros((1, 2, 3), np.float32), out) fills out (1, 2, 3)
@@ -15,7 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 K16 = 16  # the k of one MMA instruction
 FIN = {"nnan", "ninf"}  # the 16-bit path's values are finite (checked before it runs)
@@ -142,7 +147,7 @@ def _row64(ar, b2, acc, out, width, k):
             acc[n] = out[n]
 
 
-@njit(parallel=True, boundscheck=False, cache=True)
+@njit(boundscheck=False, nogil=True, cache=True)
 def _run(a, b, c, out, fast):
     g_, m_, k = a.shape
     width = b.shape[2]
@@ -150,7 +155,7 @@ def _run(a, b, c, out, fast):
     b2 = b.reshape(g_, k * width)
     c2 = c.reshape(g_ * m_, width)
     o2 = out.reshape(g_ * m_, width)
-    for gm in prange(g_ * m_):
+    for gm in range(g_ * m_):
         acc = c2[gm].copy()
         if fast:
             _row16(a2[gm], b2[gm // m_], acc, o2[gm], width, k)
