@@ -125,6 +125,24 @@ def test_non_finite_and_cancelling_terms(path):
     assert not np.signbit(got[4]).any()  # numpy's sum of zeros is +0, and so is the kernel's
 
 
+def test_near_float32s_ends(path):
+    """Sums of 16-bit products next to float32's largest value (where the sum times q would
+    overflow float32; the float64 arithmetic saturates toward zero) and next to its smallest
+    normal (where a chunk's quantum falls below 2^-125)."""
+    big = np.array([[2.0**59 * 1.9921875] * 16 + [2.0**59] * 16], F32)
+    tiny = np.array([[2.0**-60 * 1.5] * 16 + [2.0**-62] * 16], F32)
+    b = np.full((32, 3), 2.0**59, F32)
+    b[:, 1] = -(2.0**59) * 1.5
+    c = np.array([[0.0, 3.0e38, -2.0**124]], F32)
+    bt = np.full((32, 3), 2.0**-60, F32)
+    ct = np.array([[0.0, 2.0**-126, -(2.0**-149)]], F32)
+    with np.errstate(over="ignore"):
+        for a, bb, cc in ((big, b, c), (big, b, None), (tiny, bt, ct), (tiny, bt, None)):
+            assert same_bits(mma.tensor_core(a, bb, cc), reference(a, bb, cc))
+    # 16·2^118·(1.9921875 + 1), exact
+    assert mma.tensor_core(big, b)[0, 0] == F32(2.0**123 * 1.49609375)
+
+
 def test_broadcast_and_empty(path):
     rng = np.random.default_rng(3)
     a = _values(rng, (2, 1, 5, 32), ml_dtypes.bfloat16, 1.0)

@@ -25,6 +25,8 @@ from numba import njit
 K16 = 16  # the k of one MMA instruction
 FIN = {"nnan", "ninf"}  # the 16-bit path's values are finite (checked before it runs)
 LOW13 = np.int32(0x1FFF)  # float32 mantissa bits below an 11-bit significand
+HUGE_EF = 248  # a largest term of 2^(248 − 127) = 2^121 or more: the float64 arithmetic (the
+#               sum times q could pass float32's largest, which the float64 path saturates)
 TINY_EF = 27  # a largest term below 2^(27 − 127) = 2^−100 takes the float64 arithmetic
 
 
@@ -101,17 +103,12 @@ def _sums(ac, bc, acc, iq, isum, width):
 
 
 @njit(boundscheck=False, nogil=True, cache=True)
-def _row16(ar, b2, acc, out, width, k):
+def _row16(ar, b2, acc, out, width, k, top, iq, q, isum, f):
     """One output row over every chunk: acc (float32, the row's c) becomes the row's result."""
-    top = np.empty(width, np.float32)
-    iq = np.empty(width, np.float32)
-    q = np.empty(width)
-    isum = np.empty(width, np.int32)
-    x64 = np.empty(width)
     topb = top.view(np.int32)
     iqb = iq.view(np.int32)
-    qb = q.view(np.int64)
-    rb = out.view(np.int32)
+    qb = q.view(np.int32)
+    fb = f.view(np.int32)
     for k0 in range(0, k, K16):
         ac = ar[k0:k0 + K16]
         bc = b2[k0 * width:(k0 + K16) * width]
@@ -119,20 +116,27 @@ def _row16(ar, b2, acc, out, width, k):
         for n in range(width):  # q = 2^(E − 25) and 1/q from the largest term's exponent E
             ef = min(max(topb[n] >> 23, TINY_EF), 254)
             iqb[n] = (279 - ef) << 23
-            qb[n] = np.int64(ef + (1023 - 127 - 25)) << 52
+            qb[n] = (ef - 25) << 23
         _sums(ac, bc, acc, iq, isum, width)
-        for n in range(width):
-            x = np.float64(isum[n]) * q[n]
-            x64[n] = x
-            out[n] = np.float32(x)
+        for n in range(width):  # the sum to 24 bits (exact when it has no more), then times q
+            f[n] = np.float32(isum[n])
         for n in range(width):  # rounded up in magnitude: one step back toward zero
-            if abs(np.float64(out[n])) > abs(x64[n]):
-                rb[n] -= 1
+            fb[n] -= np.int32(abs(np.int32(f[n])) > abs(isum[n]))
         for n in range(width):
-            if topb[n] < (TINY_EF << 23) and topb[n] != 0:
-                out[n] = _down(_chunk64(ac, bc, np.float64(acc[n]), n, width))
+            f[n] *= q[n]
+        rare = 0
         for n in range(width):
-            acc[n] = out[n]
+            t = topb[n]
+            rare += ((t < (TINY_EF << 23)) & (t != 0)) | (t >= (HUGE_EF << 23))
+        if rare:
+            for n in range(width):
+                t = topb[n]
+                if (t < (TINY_EF << 23) and t != 0) or t >= (HUGE_EF << 23):
+                    f[n] = _down(_chunk64(ac, bc, np.float64(acc[n]), n, width))
+        for n in range(width):
+            acc[n] = f[n]
+    for n in range(width):
+        out[n] = acc[n]
 
 
 @njit(boundscheck=False, nogil=True, cache=True)
@@ -155,10 +159,16 @@ def _run(a, b, c, out, fast):
     b2 = b.reshape(g_, k * width)
     c2 = c.reshape(g_ * m_, width)
     o2 = out.reshape(g_ * m_, width)
+    acc = np.empty(width, np.float32)
+    top = np.empty(width, np.float32)
+    iq = np.empty(width, np.float32)
+    q = np.empty(width, np.float32)
+    isum = np.empty(width, np.int32)
+    f = np.empty(width, np.float32)
     for gm in range(g_ * m_):
-        acc = c2[gm].copy()
+        acc[:] = c2[gm]
         if fast:
-            _row16(a2[gm], b2[gm // m_], acc, o2[gm], width, k)
+            _row16(a2[gm], b2[gm // m_], acc, o2[gm], width, k, top, iq, q, isum, f)
         else:
             _row64(a2[gm], b2[gm // m_], acc, o2[gm], width, k)
 

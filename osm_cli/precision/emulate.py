@@ -13,8 +13,8 @@ vectorized over batch, heads and a Q tile's rows, with a trace of one row in nat
 mma="tensor-core" also models the tensor cores' float32 accumulation, which BLAS does not do:
 products summed 16 at a time (the k of one MMA instruction), each term aligned to the largest
 and truncated 2 bits below float32's precision, the accumulator truncated toward zero
-(docs/numerics.md#tensor-cores). It is slow (a float64 tensor of every product) and exact
-where "blas", the default, is within an ulp of float32.
+(docs/numerics.md#tensor-cores), compiled (mma.py), bit-faithful where "blas", the default,
+is within an ulp of float32.
 
 Leaves out: the presets themselves (presets.py), where inputs are rounded (dtypes.py), the
 backward (backward.py), the verdict (rule.py).

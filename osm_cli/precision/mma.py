@@ -11,12 +11,14 @@ bits (bf16, fp16, FP8, and P rounded to one of them) have 22 or fewer, so they a
 float32 as long as they neither overflow nor fall below float32's normal range by more than the
 truncation drops anyway. A chunk's quantum q = 2^(E − 25) (E the exponent of its largest term)
 is a power of two, so t·(1/q) is exact, its truncation is a conversion to int32 (|t/q| < 2^26),
-and the 17 truncated terms add exactly in int32. That is 8 products a vector instruction where
+and the 17 truncated terms add exactly in int32; the sum is rounded to float32 toward zero as
+an integer (float32 of it, one step back where that rounded up) and then scaled by q, exact
+for results in float32's normal range. That is 8 products a vector instruction where
 float64 takes 4, the 16 terms of a chunk held in registers while the loop runs over the output's
 columns. The call falls back to the float64 kernel (any float32 inputs, infinities, NaN, the
 same bits) when an operand has more than 11 significant bits, a magnitude above 2^60, or the
-accumulator is not finite; a chunk whose largest term is below 2^−100 takes the float64
-arithmetic for that element. numpy's sum of a zero chunk is +0, and so is the kernel's.
+accumulator is not finite; a chunk whose largest term is below 2^−100 or above 2^120 takes the
+float64 arithmetic for that element. numpy's sum of a zero chunk is +0, and so is the kernel's.
 
 Measured (benchmarks/bench_mma.py): numba's kernel is ~40× faster than the numpy path; numpy
 alone cannot reach it, because it makes every product and every truncation as a float64 array
