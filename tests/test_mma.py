@@ -15,7 +15,7 @@ import pytest
 
 import osm_cli.precision.gpu_ops as gpu_ops
 import osm_cli.precision.mma as mma
-from osm_cli.attention.options import split_options
+from osm_cli.flash.options import split_options
 from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import model
