@@ -57,6 +57,7 @@ class Step:
     pages: tuple | None = None  # paged KV: the physical pages the tile's keys came from
     p_max: float | None = None  # FP8: the row's largest P of the tile before rounding (offset in)
     saturated: int | None = None  # FP8: how many of those P exceed the dtype's largest finite
+    kind: str | None = None  # under a mask_mod: the tile's block-mask kind, "full" or "partial"
 
     @property
     def rescaled(self) -> bool:

@@ -34,6 +34,7 @@ from osm_cli.errors import InputError
 
 from .forward import attention
 from .masks import mask_about, scale_q, score_tile
+from .mods import about_mods
 from .options import Hooks, ScoreOptions, Tiling, split_options
 from .packed import (
     about,
@@ -84,6 +85,8 @@ class Backward:
     softcap: float | None = None
     alibi: bool = False
     sinks: bool = False
+    tiles_partial: int = 0  # of tiles_computed: those a mask was applied on
+    mods: str = ""  # the score_mod (and how it is differentiated) and mask_mod (mods.about_mods)
 
 
 @dataclass(frozen=True)
@@ -229,10 +232,10 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                 continue
             rows = (g1 - g0, g * n)
             vis = plan.visible(i0, i1, j0, j1) if kind == "partial" else None
-            um = plan.mask_tile(i0, i1, j0, j1, g0, g1)
+            um = plan.mask_tile(i0, i1, j0, j1, g0, g1, partial=kind == "partial")
             sc, dtanh = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um,
                                    softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1, g0, g1),
-                                   dtanh=True)
+                                   dtanh=True, mod=plan.tile_mod(i0, i1, j0, j1, g0, g1))
             up = backward_step(
                 sc, sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
                 sv.q[g0:g1, :, i0:i1].reshape(*rows, -1), kj, vj,
@@ -295,6 +298,7 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
         tuple(grads.key_trace), tuple(grads.query_trace), plan.traced, key,
         int(kv_head(max(th, 0), hq, hk)), g, dsink, softcap=opts.softcap,
         alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+        tiles_partial=kinds.count("partial"), mods=about_mods(opts),
     )
 
 

@@ -20,6 +20,7 @@ Example: fused_q_tiles(plan, (0, 128), out5, lse5) fills the rows 0:256 of out5 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from osm_cli.core.record import Step
 from osm_cli.core.state import State, finalize, moved
 from osm_cli.core.state import block_max as max_of
 
-from .plan import Counts, Plan, q_rows, row_step, sink_step, tiles
+from .plan import Counts, Plan, marked, q_rows, row_step, sink_step, tiles
 
 
 class _Tile:
@@ -90,8 +91,9 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
     st = _Tile(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
     steps: list[Step] = []
     counts = Counts()
-    for bounds, s, v, seen in tiles(plan, group, qt, st.s):
-        c = slice(*(seen or (0, 0)))  # the stacked Q tiles that see this K/V tile
+    for tile, s, v in tiles(plan, group, qt, st.s):
+        bounds = tile.bounds
+        c = slice(*(tile.seen or (0, 0)))  # the stacked Q tiles that see this K/V tile
         width = c.stop - c.start
         counts.skipped += len(group) - width
         traced = at is not None and c.start <= at[0] < c.stop
@@ -103,11 +105,13 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
         l_prev = st.l[at] if traced else None
         st.step(c, s, v, threshold, p_round)
         counts.computed += width
+        counts.partial += tile.kinds[c].count("partial")
         counts.row_visits += n * width
         counts.rescales += int(np.count_nonzero(moved(st.m[c], st.m_new[c])))
         if traced:
-            steps.append(row_step(bounds, st.block_max[at], st.m[at], st.m_new[at],
-                                  st.alpha[at], l_prev, st.l[at], st.o[at]))
+            steps.append(replace(row_step(bounds, st.block_max[at], st.m[at], st.m_new[at],
+                                          st.alpha[at], l_prev, st.l[at], st.o[at]),
+                                 **marked(plan, tile.kinds[at[0]])))
         np.copyto(st.m[c], st.m_new[c])
     final = State(st.m, st.l, st.o)
     if plan.sinks is not None:

@@ -40,6 +40,7 @@ from osm_cli.errors import InputError
 
 from .fast import fused_q_tiles
 from .masks import mask_about
+from .mods import about_mods
 from .options import (
     MASKED_LSE,
     Hooks,
@@ -49,7 +50,17 @@ from .options import (
     split_options,
 )
 from .packed import about, each_sequence, plan_packing, scatter_lse, scatter_rows, tile_pages
-from .plan import Counts, Plan, make_plan, q_groups, q_rows, row_step, sink_step, tiles
+from .plan import (
+    Counts,
+    Plan,
+    make_plan,
+    marked,
+    q_groups,
+    q_rows,
+    row_step,
+    sink_step,
+    tiles,
+)
 from .shapes import from_bhnd, lse_from_bhnd
 
 
@@ -86,6 +97,8 @@ class Attention:
     sinks: bool = False
     kernel: str = ""  # the kernel preset whose loop ran (precision/presets.py); "" osm's own
     splits: int = 1  # key ranges run apart and merged (FA2's split-KV kernel)
+    tiles_partial: int = 0  # of tiles_computed: those a mask was applied on (mask_mod's count)
+    mods: str = ""  # the score_mod and mask_mod in a few words (mods.about); "" for none
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,
@@ -170,21 +183,22 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
     steps: list[Step] = []
     counts = Counts()
 
-    def count(bounds, before: State, up: Update | None) -> None:
+    def count(tile, before: State, up: Update | None) -> None:
         if up is None:
             counts.skipped += 1
         else:
             counts.computed += 1
+            counts.partial += tile.kinds[0] == "partial"
             counts.row_visits += n
             counts.rescales += int(np.count_nonzero(moved(before.m, up.state.m)))
         if at is not None:
-            steps.append(_trace_step(bounds, before, up, at))
+            steps.append(replace(_trace_step(tile.bounds, before, up, at),
+                                 **marked(plan, tile.kinds[0])))
 
-    walk = ((bounds, None if s is None else s[0], v)
-            for bounds, s, v, _ in tiles(plan, (i0,), qt[None]))
+    walk = ((tile, None if s is None else s[0], v) for tile, s, v in tiles(plan, (i0,), qt[None]))
     state = start = initial_state(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
-    for bounds, before, up, state in fold(start, walk, step, **step_kw):  # noqa: B007
-        count(bounds, before, up)
+    for tile, before, up, state in fold(start, walk, step, **step_kw):  # noqa: B007
+        count(tile, before, up)
     if plan.sinks is not None:
         state, sink = sink_step(plan, state, n, at)
         steps += sink
@@ -235,6 +249,7 @@ def run_fields(q, k, v, opts: ScoreOptions, masked_lse: str, scale: float | None
         masked_lse=masked_lse, mask=mask_about(None if opts.mask is None else
                                                np.asarray(opts.mask)),
         softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+        tiles_partial=counts.partial, mods=about_mods(opts),
     )
 
 

@@ -79,7 +79,7 @@ def _sci(ln_x: float) -> str:
 def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None,
                mask: np.ndarray | None = None, to: Callable | None = None, *,
                out: np.ndarray | None = None, softcap: float | None = None,
-               bias: np.ndarray | None = None, dtanh: bool = False):
+               bias: np.ndarray | None = None, dtanh: bool = False, mod=None):
     """S = (Q·scale)·Kᵀ for one tile of rows (qs from scale_q, kT = Kᵀ), then the kernels'
     order (FA2's): softcap·tanh(S / softcap), the ALiBi bias added, the masks: visible (True =
     seen) from the band, mask the user's (docs/numerics.md#softcap, #alibi, #masks). `to`
@@ -88,7 +88,9 @@ def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None
     out, if given, is where S is written and masked in place (the fused forward reuses one
     buffer); the same numbers as without it, so a float mask must not widen S's dtype there.
     dtanh=True returns (S, 1 − tanh²) for the backward's chain rule through the softcap
-    (None without one).
+    (None without one). mod, a mods.TileMod, is the user's score_mod on this tile, applied
+    after the bias and before the masks (where FlexAttention applies it: to the scaled
+    score); with dtanh=True its derivative joins the factor.
     """
     if out is not None and to is None:
         s = np.matmul(qs, kT, out=out)
@@ -102,6 +104,11 @@ def score_tile(qs: np.ndarray, kT: np.ndarray, visible: np.ndarray | None = None
             np.add(s, bias, out=s)
         else:
             s = s + bias if to is None else to(s + to(bias))
+    if mod is not None:
+        if dtanh:
+            slope = mod.slope(s)
+            grad = slope if grad is None else grad * slope
+        s = mod(s) if to is None else to(mod(s))
     s = apply_masks(s, visible, mask, to, inplace=out is not None and to is None)
     return (s, grad) if dtanh else s
 

@@ -26,6 +26,7 @@ import numpy as np
 from osm_cli.core.names import FORMS
 from osm_cli.errors import InputError
 
+from .mods import MaskMod, ScoreMod
 from .names import ALIGNS, LAYOUTS, MASKED_LSE
 from .packed import Packing
 
@@ -61,8 +62,15 @@ class ScoreOptions:
     seqused_k: np.ndarray | None = None  # the keys each sequence uses (a paged cache's length)
     page_table: np.ndarray | None = None  # paged K/V: (B, max_pages) page indices
     kv_layout: str = "nhd"  # a paged cache: nhd (num_pages, page_size, Hkv, d) or hnd
+    score_mod: object = None  # score_mod(score, b, h, q_idx, kv_idx), vectorised (mods.py)
+    mask_mod: object = None  # mask_mod(b, h, q_idx, kv_idx) -> bool, or a list of them (and)
 
     def __post_init__(self):
+        # FlexAttention's functions, tried once here (mods.py): every entry point builds this
+        if self.score_mod is not None:
+            object.__setattr__(self, "score_mod", ScoreMod.of(self.score_mod))
+        if self.mask_mod is not None:
+            object.__setattr__(self, "mask_mod", MaskMod.of(self.mask_mod))
         if self.scale is not None and not math.isfinite(self.scale):
             raise InputError(f"the scale must be a finite number, not {self.scale}")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):

@@ -40,6 +40,7 @@ from .masks import (
     score_tile,
     tile_kind,
 )
+from .mods import MaskMod, ScoreMod, TileMod
 from .options import Hooks, ScoreOptions, Tiling
 from .shapes import bhnd_inputs, broadcast_mask, check_finite, check_traced, kv_head
 
@@ -49,15 +50,18 @@ STACK_ROWS = 2048  # query rows a stacked step aims for; S is then 1 MiB of floa
 
 @dataclass
 class Counts:
-    """What one Q tile's loop counted: K/V tiles computed and skipped, rescales, row visits."""
+    """What one Q tile's loop counted: K/V tiles computed (partial ones among them) and
+    skipped, rescales, row visits."""
 
     computed: int = 0
     skipped: int = 0
     rescales: int = 0
     row_visits: int = 0
+    partial: int = 0  # of the computed: tiles a mask is applied on (the others are full)
 
     def __iadd__(self, other: Counts) -> Counts:
         self.computed += other.computed
+        self.partial += other.partial
         self.skipped += other.skipped
         self.rescales += other.rescales
         self.row_visits += other.row_visits
@@ -88,6 +92,8 @@ class Plan:
     slopes: np.ndarray | None = None  # ALiBi: (B·Hkv, g), one slope per query head
     sinks: np.ndarray | None = None  # (B·Hkv, g): each query head's sink logit
     offset: int = 0  # s − t: where query i's diagonal meets the keys (ALiBi's distance)
+    score_mod: ScoreMod | None = None  # FlexAttention's functions (mods.py)
+    mask_mod: MaskMod | None = None
 
     def bias(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
              g1: int | None = None) -> np.ndarray | None:
@@ -119,20 +125,58 @@ class Plan:
         """The end of the Q tile that starts at row i0 (the last one may be short)."""
         return min(self.t, i0 + self.bq)
 
-    def visible(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
+    def visible(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray | None:
         """The band's keys seen by the rows i0:i1 of every query head of a kv group, stacked as
-        the tiles are: (g·(i1 − i0), j1 − j0), True = seen (a partial tile's mask)."""
+        the tiles are: (g·(i1 − i0), j1 − j0), True = seen (a partial tile's mask); None
+        without a band."""
+        if self.band is None:
+            return None
         return np.tile(self.band.visible(i0, i1, j0, j1), (self.q5.shape[2], 1))
 
     def mask_tile(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
-                  g1: int | None = None) -> np.ndarray | None:
+                  g1: int | None = None, partial: bool = True) -> np.ndarray | None:
         """The user's mask for the rows i0:i1 and keys j0:j1 of kv groups g0:g1, stacked as the
-        tiles are: (G', g·(i1 − i0), j1 − j0); None without a mask."""
-        if self.user_mask is None:
-            return None
+        tiles are: (G', g·(i1 − i0), j1 − j0), and-ed with the mask_mod on a partial tile (a
+        full one needs none); None without a mask."""
         b, hk, g = self.groups
-        um = self.user_mask.reshape(b * hk, g, self.t, -1)[g0:g1, :, i0:i1, j0:j1]
-        return um.reshape(um.shape[0], g * (i1 - i0), j1 - j0)
+        um = None
+        if self.user_mask is not None:
+            um = self.user_mask.reshape(b * hk, g, self.t, -1)[g0:g1, :, i0:i1, j0:j1]
+            um = um.reshape(um.shape[0], g * (i1 - i0), j1 - j0)
+        if self.mask_mod is None or not partial:
+            return um
+        idx = self.index(i0, i1, j0, j1, g0, g1)
+        seen = np.broadcast_to(self.mask_mod(*idx), np.broadcast_shapes(*(x.shape for x in idx)))
+        seen = seen.reshape(seen.shape[0], g * (i1 - i0), j1 - j0)
+        if um is None or um.dtype.kind == "b":
+            return seen if um is None else um & seen
+        return np.where(seen, um, um.dtype.type(-np.inf))
+
+    def index(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
+              g1: int | None = None) -> tuple[np.ndarray, ...]:
+        """FlexAttention's (b, h, q_idx, kv_idx) for the rows i0:i1 and keys j0:j1 of kv
+        groups g0:g1, broadcastable to (G', g, i1 − i0, j1 − j0): the tiles' g·n rows with
+        the g query heads of a group apart."""
+        b, hk, g = self.groups
+        grp = np.arange(b * hk)[g0:g1].reshape(-1, 1, 1, 1)
+        heads = (grp % hk) * g + np.arange(g).reshape(1, g, 1, 1)
+        return (grp // hk, heads, np.arange(i0, i1).reshape(1, 1, -1, 1),
+                np.arange(j0, j1).reshape(1, 1, 1, -1))
+
+    def tile_mod(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
+                 g1: int | None = None) -> TileMod | None:
+        """The score_mod bound to a tile's indices (mods.TileMod); None without one."""
+        if self.score_mod is None:
+            return None
+        return TileMod(self.score_mod, self.index(i0, i1, j0, j1, g0, g1), self.groups[2])
+
+    def mod_kind(self, i0: int, i1: int, j0: int, j1: int) -> str:
+        """The mask_mod's kind for a tile over every batch and head: 'skip' where it hides
+        every key, 'full' where it hides none, else 'partial' ('full' without a mask_mod)."""
+        if self.mask_mod is None:
+            return "full"
+        seen = self.mask_mod(*self.index(i0, i1, j0, j1))
+        return "full" if seen.all() else "partial" if seen.any() else "skip"
 
     @property
     def traced_group(self) -> int:
@@ -200,6 +244,7 @@ def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_a
         q4.reshape(b, hk, g, t, d), k4.reshape(b * hk, s, d), v4.reshape(b * hk, s, dv), t,
         bq, bk, k0, k1, tuple(starts), band, user_mask, np.dtype(accum), opts.scale_for(d),
         (tb, th, ti), (tb, kv_head(th, hq, hk), th % g), opts.softcap, slopes, sinks, s - t,
+        opts.score_mod, opts.mask_mod,
     )
 
 
@@ -255,8 +300,18 @@ def walk(plan: Plan, stack: tuple[int, ...]) -> Iterator[KVTile]:
         for i0 in stack:
             i1 = plan.q_end(i0)
             um = None if plan.user_mask is None else plan.user_mask[..., i0:i1, j0:j1]
-            kinds.append(tile_kind(plan.band, um, i0, i1, j0, j1))
+            kind = tile_kind(plan.band, um, i0, i1, j0, j1)
+            if kind != "skip" and plan.mask_mod is not None:
+                kind = _both(kind, plan.mod_kind(i0, i1, j0, j1))
+            kinds.append(kind)
         yield KVTile(index, j0, j1, tuple(kinds))
+
+
+def _both(a: str, b: str) -> str:
+    """The kind of a tile under two masks at once (a key seen when both let it through)."""
+    if "skip" in (a, b):
+        return "skip"
+    return "full" if a == b == "full" else "partial"
 
 
 def q_groups(plan: Plan, *, ragged: bool = False) -> list[tuple[int, ...]]:
@@ -266,7 +321,8 @@ def q_groups(plan: Plan, *, ragged: bool = False) -> list[tuple[int, ...]]:
     of 128-row tiles, 16 of them): numpy then pays its per-call cost once for all of them,
     while each row stays its own softmax. Under a causal band or a window a K/V tile may be
     hidden from the first or last tiles of a stack, never from one between two that see it
-    (walk's seen); a user's mask can hide it from any of them, so it runs one tile a step.
+    (walk's seen); a user's mask or mask_mod can hide it from any of them, so it runs one tile
+    a step (and a score_mod, whose indices are one tile's).
     ragged=False (the fused forward, which stacks tiles on an axis of their own): tiles of one
     length, the short last one alone, and one tile a step under ALiBi (the tiles' bias is made
     for the stack's first rows). ragged=True (the kernel emulations, which stack rows): the
@@ -274,7 +330,8 @@ def q_groups(plan: Plan, *, ragged: bool = False) -> list[tuple[int, ...]]:
     """
     b, hk, g = plan.groups
     size = 1
-    if plan.user_mask is None and (ragged or plan.slopes is None):
+    one = plan.user_mask is not None or plan.mask_mod is not None or plan.score_mod is not None
+    if not one and (ragged or plan.slopes is None):
         size = max(1, STACK_ROWS // max(1, b * hk * g * plan.bq))
     starts = list(plan.q_starts)
     if ragged:
@@ -297,34 +354,43 @@ def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
 def tiles(plan: Plan, group: tuple[int, ...], qt: np.ndarray,
           out: Callable[[int], np.ndarray] | None = None) -> Iterator[tuple]:
     """walk with osm's scores: for the Q tiles whose first rows are `group` (all of one length;
-    qt their rows stacked, (tiles, B·Hkv, g·n, d)), (bounds, S, V rows, seen) per K/V tile.
+    qt their rows stacked, (tiles, B·Hkv, g·n, d)), (tile, S, V rows) per K/V tile.
 
-    seen = walk's (c0, c1); S = masks.score_tile for group[c0:c1], (c1 − c0, B·Hkv, g·n,
-    width), the band applied where one of them is partial; S and seen are None where the tile
-    is skipped. out(width), if given, is the buffer S is written into (score_tile's out), of
-    the whole group.
+    tile is walk's KVTile; S = masks.score_tile for group[c0:c1] (tile.seen), (c1 − c0,
+    B·Hkv, g·n, width), the band and mask_mod applied where one of them is partial; S and V
+    are None where the tile is skipped. out(width), if given, is the buffer S is written into
+    (score_tile's out), of the whole group.
     """
     n = qt.shape[-2] // plan.groups[2]
-    if plan.user_mask is not None and len(group) > 1:
-        raise ValueError("a user's mask runs one Q tile at a time")
+    one = plan.user_mask is not None or plan.mask_mod is not None or plan.score_mod is not None
+    if one and len(group) > 1:
+        raise ValueError("a user's mask, mask_mod or score_mod runs one Q tile at a time")
     for tile in walk(plan, group):
         j0, j1 = tile.j0, tile.j1
-        seen = tile.seen
-        if seen is None:
-            yield tile.bounds, None, None, None
+        if tile.seen is None:
+            yield tile, None, None
             continue
-        c0, c1 = seen
+        c0, c1 = tile.seen
+        partial = "partial" in tile.kinds[c0:c1]
         vis = None
-        if "partial" in tile.kinds[c0:c1] and plan.band is not None:  # each Q tile's own band
+        if partial and plan.band is not None:  # each Q tile's own band
             vis = np.stack([plan.visible(i0, i0 + n, j0, j1) for i0 in group[c0:c1]])[:, None]
-        um = plan.mask_tile(group[0], group[0] + n, j0, j1)
+        um = plan.mask_tile(group[0], group[0] + n, j0, j1, partial=partial)
         kT = plan.k3[:, j0:j1, :].astype(plan.accum, copy=False).swapaxes(-1, -2)
         # ALiBi's bias depends on the rows: such runs stack no Q tiles (q_groups)
         bias = plan.bias(group[0], group[0] + n, j0, j1)
         s = score_tile(qt[c0:c1], kT, vis, None if um is None else um[None],
                        out=None if out is None else out(j1 - j0)[c0:c1],
-                       softcap=plan.softcap, bias=bias)
-        yield tile.bounds, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False), seen
+                       softcap=plan.softcap, bias=bias,
+                       mod=plan.tile_mod(group[0], group[0] + n, j0, j1))
+        yield tile, s, plan.v3[:, j0:j1, :].astype(plan.accum, copy=False)
+
+
+def marked(plan: Plan, kind: str) -> dict:
+    """The kind a traced Step is marked with under a mask_mod (Step.kind, FlexAttention's
+    block-mask kinds: "full" or "partial"; a skipped tile is masked); {} otherwise, so other
+    runs' traces are as before."""
+    return {} if plan.mask_mod is None or kind == "skip" else {"kind": kind}
 
 
 def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,
@@ -359,6 +425,7 @@ def _norm(x: np.ndarray) -> float:
 
 
 __all__ = [
-    "O_SHOWN", "STACK_ROWS", "Counts", "KVTile", "Plan", "make_plan", "per_head", "q_groups",
+    "O_SHOWN", "STACK_ROWS", "Counts", "KVTile", "Plan", "make_plan", "marked", "per_head",
+    "q_groups",
     "q_rows", "row_step", "sink_step", "tiles", "walk",
 ]

@@ -26,6 +26,7 @@ from osm_cli.core.reference import logsumexp, max_abs_diff, stable_softmax
 
 from .forward import Attention
 from .masks import alibi_bias, check_score_range, make_band, scale_q, score_tile
+from .mods import MaskMod, ScoreMod, TileMod
 from .options import MASKED_LSE, ScoreOptions, split_options
 from .packed import each_sequence, plan_packing, scatter_kv, scatter_lse, scatter_rows
 from .plan import per_head
@@ -86,17 +87,41 @@ class Mods:
     slopes: np.ndarray | None = None  # ALiBi, (B, H)
     sinks: np.ndarray | None = None  # (B, H)
     offset: int = 0  # s − t
+    score_mod: ScoreMod | None = None  # FlexAttention's (mods.py)
+    mask_mod: MaskMod | None = None
+    heads: tuple = (1, 1)  # (B, H)
 
     @classmethod
     def of(cls, opts: ScoreOptions, b: int, hq: int, t: int, s: int) -> Mods:
         slopes, sinks = (None if x is None else per_head(x, name, b, hq, hq, np.float64)
                          .reshape(b, hq) for x, name in ((opts.alibi_slopes, "alibi_slopes"),
                                                           (opts.sinks, "sinks")))
-        return cls(opts.softcap, slopes, sinks, s - t)
+        return cls(opts.softcap, slopes, sinks, s - t, opts.score_mod, opts.mask_mod, (b, hq))
 
     @property
     def active(self) -> bool:
-        return self.softcap is not None or self.slopes is not None or self.sinks is not None
+        return any(x is not None for x in (self.softcap, self.slopes, self.sinks,
+                                           self.score_mod, self.mask_mod))
+
+    def index(self, i0: int, i1: int, s: int) -> tuple[np.ndarray, ...]:
+        """FlexAttention's (b, h, q_idx, kv_idx) for queries i0:i1 and every key."""
+        b, h = self.heads
+        return (np.arange(b).reshape(b, 1, 1, 1), np.arange(h).reshape(1, h, 1, 1),
+                np.arange(i0, i1).reshape(1, 1, -1, 1), np.arange(s).reshape(1, 1, 1, -1))
+
+    def tile_mod(self, i0: int, i1: int, s: int) -> TileMod | None:
+        return None if self.score_mod is None else TileMod(self.score_mod,
+                                                           self.index(i0, i1, s))
+
+    def masked(self, mask: np.ndarray | None, i0: int, i1: int, s: int) -> np.ndarray | None:
+        """The user's mask for queries i0:i1 (None: none) and-ed with the mask_mod's."""
+        if self.mask_mod is None:
+            return mask
+        b, h = self.heads
+        seen = np.broadcast_to(self.mask_mod(*self.index(i0, i1, s)), (b, h, i1 - i0, s))
+        if mask is None or mask.dtype.kind == "b":
+            return seen if mask is None else mask & seen
+        return np.where(seen, mask, mask.dtype.type(-np.inf))
 
     def bias(self, i0: int, i1: int, s: int, dtype) -> np.ndarray | None:
         """ALiBi's bias for queries i0:i1 and every key: (B, H, i1 − i0, s)."""
@@ -138,8 +163,9 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
         i1 = min(t, i0 + chunk)
         sc = score_tile(scale_q(q[..., i0:i1, :], scale, carry, to), kT,
                         None if visible is None else visible(i0, i1),
-                        None if mask is None else mask[..., i0:i1, :], to,
-                        softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry))
+                        mods.masked(None if mask is None else mask[..., i0:i1, :], i0, i1, s),
+                        to, softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry),
+                        mod=mods.tile_mod(i0, i1, s))
         p, lse[..., i0:i1] = mods.softmax(sc, to)
         out[..., i0:i1, :] = to(to(p) @ vc)
     return out, lse
@@ -265,9 +291,10 @@ def reference_backward(q, k, v, do, opts: ScoreOptions | None = None, *,
         i1 = min(t, i0 + chunk)
         sc, dtanh = score_tile(qs[..., i0:i1, :], kT,
                                None if band is None else band.visible(i0, i1, 0, s),
-                               None if mask is None else mask[..., i0:i1, :], rnd,
+                               mods.masked(None if mask is None else mask[..., i0:i1, :], i0,
+                                           i1, s), rnd,
                                softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry),
-                               dtanh=True)
+                               dtanh=True, mod=mods.tile_mod(i0, i1, s))
         p, lse = mods.softmax(sc, to)
         p = to(p)
         g = do4[..., i0:i1, :]
@@ -275,9 +302,11 @@ def reference_backward(q, k, v, do, opts: ScoreOptions | None = None, *,
         # D: rowsum(dO ∘ O) in closed form; autograd's softmax derivative takes rowsum(dP ∘ P)
         d_row = np.einsum("...d,...d->...", g, p @ vh) if rnd is None else (dp * p).sum(-1)
         ds = to(p * (dp - d_row[..., None]))
-        if dtanh is not None:  # through C·tanh(x / C): dx = dS·(1 − tanh²)
+        if dtanh is not None and (rnd is None or mods.softcap is None):
+            ds = to(ds * dtanh)  # the chain through the softcap's tanh and the score_mod
+        elif dtanh is not None:  # through C·tanh(x / C) as autograd rounds: dx = dS·(1 − tanh²)
             c = carry.type(mods.softcap)
-            ds = ds * dtanh if rnd is None else to(to(to(ds * c) * dtanh) / c)
+            ds = to(to(to(ds * c) * dtanh) / c)
         if mods.sinks is not None:
             with np.errstate(under="ignore"):
                 dsink -= (np.exp(mods.sinks[..., None] - lse) * d_row).sum(-1)

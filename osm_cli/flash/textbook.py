@@ -64,7 +64,7 @@ def textbook_attention(q, k, v, opts: ScoreOptions | None = None, *, block_q: in
         m_i = np.full(qt.shape[:-1], -np.inf, dtype=plan.accum)  # the textbook start
         l_i = np.zeros(qt.shape[:-1], dtype=plan.accum)
         acc = np.zeros((*qt.shape[:-1], plan.v3.shape[-1]), dtype=plan.accum)
-        blocks = ((s[0], v) for _, s, v, _ in tiles(plan, (i0,), qt[None]) if s is not None)
+        blocks = ((s[0], v) for _, s, v in tiles(plan, (i0,), qt[None]) if s is not None)
         m_i, l_i, acc = attn_fwd_inner(m_i, l_i, acc, blocks)
         empty = l_i == 0  # every key hidden: out 0, LSE −inf (docs/numerics.md#masked-rows)
         with np.errstate(divide="ignore"):

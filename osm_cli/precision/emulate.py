@@ -43,7 +43,7 @@ from osm_cli.flash.forward import (
     run_q_tiles,
 )
 from osm_cli.flash.options import split_options
-from osm_cli.flash.plan import Counts, Plan, make_plan, q_groups, row_step, walk
+from osm_cli.flash.plan import Counts, Plan, make_plan, marked, q_groups, row_step, walk
 
 from .dtypes import DTYPES, bits
 from .gpu_ops import (
@@ -107,6 +107,9 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
     opts, tiling, _ = split_options(options, opts, tiling, hooks)
     if mma not in MMAS:
         raise OsmError(f"mma must be one of {', '.join(MMAS)}, not {mma!r}")
+    if opts.score_mod is not None:
+        raise OsmError(f"kernel {kernel.name} models its kernel's fixed score options "
+                       "(softcap, ALiBi); a score_mod runs in osm's own loop (kernel tiles)")
     float_mask = opts.mask is not None and np.asarray(opts.mask).dtype.kind != "b"
     kernel.check(m.name, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
                  float_mask=float_mask)
@@ -286,7 +289,7 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
         s = _scores(plan, ar, kernel, qt, i0, n, j0, j1, plan.softcap)
         if kind == "partial" and plan.band is not None:
             s = np.where(plan.visible(i0, i1, j0, j1), s, F32(-np.inf))
-        um = plan.mask_tile(i0, i1, j0, j1)
+        um = plan.mask_tile(i0, i1, j0, j1, partial=kind == "partial")
         if um is not None:
             s = np.where(um, s, F32(-np.inf))
         block_max = max_of(s, nan_free=True)  # S holds no NaN: the max, quicker
@@ -306,12 +309,13 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 np.multiply(o, alpha[..., None], out=o))
         counts.computed += sum(seen)
+        counts.partial += tile.kinds.count("partial")
         counts.row_visits += sum(plan.q_end(a) - a for a, saw in zip(group, seen, strict=True)
                                  if saw)
         counts.rescales += int(np.count_nonzero((m_new != m) & np.isfinite(m)))
         if at is not None and not hidden:
             row.steps.append(replace(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at,
-                                           prev=row), **top))
+                                           prev=row), **top, **marked(plan, tile.kinds[mine])))
         m = m_new
     lse, o = _finalize(plan, ar, kernel, m, lanes, o, n, row)
     out5[..., i0:i1, :] = o.reshape(b, hk, g, n, dv)

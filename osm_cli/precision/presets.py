@@ -211,7 +211,8 @@ def default_kernel(dtype: str | None, opts=None) -> str:
     """The kernel a run models when none is named: fa2 for 16-bit inputs, fa4-sm100 for FP8
     (the one FP8 kernel of the presets), osm's own tiles for fp32 and fp64. With opts (a
     ScoreOptions) the first of those kernels that takes the run's options: fa4 for 16-bit
-    inputs with sinks (FA2 has none), tiles for a float mask or ALiBi with sinks.
+    inputs with sinks (FA2 has none), tiles for a float mask, ALiBi with sinks or a
+    score_mod.
 
     Example: default_kernel("bfloat16") -> "fa2"
     """
@@ -223,7 +224,7 @@ def default_kernel(dtype: str | None, opts=None) -> str:
     for name in candidates:
         p = PRESETS[name]
         if (not asks["alibi"] or p.alibi) and (not asks["sinks"] or p.sinks) \
-                and not asks["float_mask"]:
+                and not asks["float_mask"] and not asks["score_mod"]:
             return name
     return "tiles"
 
@@ -288,7 +289,8 @@ def _asks(opts) -> dict:
     return {"alibi": getattr(opts, "alibi_slopes", None) is not None,
             "sinks": getattr(opts, "sinks", None) is not None,
             "float_mask": mask is not None and getattr(mask, "dtype", None) is not None
-            and mask.dtype.kind != "b"}
+            and mask.dtype.kind != "b",
+            "score_mod": getattr(opts, "score_mod", None) is not None}
 
 
 __all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan",

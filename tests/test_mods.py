@@ -1,0 +1,168 @@
+"""FlexAttention's score_mod and mask_mod (flash/mods.py) through every loop: the fixed
+options equal their mod forms bit for bit, the block mask's kinds (full / partial / skip) are
+counted and only partial tiles are masked, the backward differentiates through a score_mod
+(exactly for the built-ins and a grad companion, by finite differences otherwise, and says
+which), the reference and check take them, and a function written for scalars is refused."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from osm_cli.errors import InputError, OsmError
+from osm_cli.flash import mods
+from osm_cli.flash.backward import attention_backward
+from osm_cli.flash.forward import attention
+from osm_cli.flash.options import ScoreOptions, alibi_auto
+from osm_cli.flash.reference import reference, reference_backward
+from osm_cli.precision.check import check
+from osm_cli.precision.kernels import run_flash
+from osm_cli.precision.model import model
+
+B, H, HK, T, D = 2, 4, 2, 100, 8
+DOCS = np.repeat([0, 1, 2, 3], [1, 40, 29, 30])  # uneven packed documents, one of length 1
+
+
+def _qkv(seed=0, t=T, s=T):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((B, H, t, D)), rng.standard_normal((B, HK, s, D)),
+            rng.standard_normal((B, HK, s, D)), rng.standard_normal((B, H, t, D)))
+
+
+def _same(a, b):
+    assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
+
+
+FIXED = {  # the fixed options and their mod forms (FlexAttention's causal is top-left)
+    "causal": ({"causal": True, "causal_align": "top-left"}, {"mask_mod": mods.causal()}),
+    "window": ({"causal": True, "causal_align": "top-left", "window": (10, 0)},
+               {"mask_mod": mods.sliding(10)}),
+    "softcap": ({"softcap": 2.0}, {"score_mod": mods.softcap(2.0)}),
+    "alibi": ({"causal": True, "alibi_slopes": alibi_auto(H)},
+              {"score_mod": mods.alibi(alibi_auto(H)), "mask_mod": mods.causal()}),
+}
+
+
+@pytest.mark.parametrize("name", list(FIXED))
+def test_fixed_options_equal_their_mod_forms(name):
+    """Forward (osm's loop and the fused one), backward and reference: the same bits, and the
+    same tiles skipped; under the mod form the band's partial tiles are the mask_mod's."""
+    q, k, v, do = _qkv()
+    fixed, mod = FIXED[name]
+    for fused in (True, False):
+        a = attention(q, k, v, block_q=16, block_k=16, fused=fused, **fixed)
+        b = attention(q, k, v, block_q=16, block_k=16, fused=fused, **mod)
+        _same(a, b)
+        assert (a.tiles_computed, a.tiles_skipped) == (b.tiles_computed, b.tiles_skipped)
+    ga = attention_backward(q, k, v, do, block_q=16, block_k=16, **fixed)
+    gb = attention_backward(q, k, v, do, block_q=16, block_k=16, **mod)
+    for x, y in zip((ga.dq, ga.dk, ga.dv), (gb.dq, gb.dk, gb.dv), strict=True):
+        assert np.allclose(x, y, rtol=0, atol=1e-13)
+    ra, rb = reference(q, k, v, ScoreOptions(**fixed)), reference(q, k, v, ScoreOptions(**mod))
+    assert np.array_equal(ra[0], rb[0])
+    if "mask_mod" in mod:
+        assert b.tiles_partial == 7 + (6 if name == "window" else 0)  # the diagonal (+ edge)
+
+
+def test_document_mask_block_kinds_are_counted_and_only_partial_tiles_masked():
+    """Packed documents 1, 40, 29, 30 long and causal, tiles of 16: of the 7 × 7 tiles, those
+    past the diagonal or between documents are skipped, those inside one document and below
+    the diagonal full, the rest partial; the traced row's steps carry the kind."""
+    q, k, v, _ = _qkv()
+    mm = [mods.document(DOCS), mods.causal()]
+    res = attention(q, k, v, mask_mod=mm, block_q=16, block_k=16, trace_at=(0, 0, 60))
+    seen = DOCS[:, None] == DOCS[None, :]
+    seen &= np.tri(T, dtype=bool)
+    kinds = {"skip": 0, "full": 0, "partial": 0}
+    for i0 in range(0, T, 16):
+        for j0 in range(0, T, 16):
+            tile = seen[i0:i0 + 16, j0:j0 + 16]
+            kinds["full" if tile.all() else "partial" if tile.any() else "skip"] += 1
+    assert kinds == {"skip": 33, "full": 1, "partial": 15}
+    assert (res.tiles_skipped, res.tiles_computed - res.tiles_partial, res.tiles_partial) == (
+        kinds["skip"], kinds["full"], kinds["partial"])
+    # row 60 is in the document at 41:70: K/V tiles 2 (keys 41:48 of 32:48) and 3 (causal)
+    assert [(st.block, st.kind) for st in res.trace if not st.masked] == [
+        (2, "partial"), (3, "partial")]
+    ref, lse = reference(q, k, v, ScoreOptions(mask_mod=mm))
+    assert np.allclose(res.out, ref, rtol=0, atol=1e-14)
+
+
+def test_backward_through_a_score_mod_exact_grad_companion_or_differences():
+    """softcap as a built-in (exact), as a user function with a grad companion (exact) and
+    without one (central differences: within 1e-9 of the exact gradients); the record says
+    which; the tiled backward agrees with the reference's to 1e-13."""
+    q, k, v, do = _qkv(1)
+    mm = [mods.document(DOCS), mods.causal()]
+
+    def capped(score, b, h, q_idx, kv_idx):
+        return 2.0 * np.tanh(score / 2.0)
+
+    def with_grad(score, b, h, q_idx, kv_idx):
+        return 2.0 * np.tanh(score / 2.0)
+
+    with_grad.grad = lambda score, b, h, q_idx, kv_idx: 1.0 - np.tanh(score / 2.0) ** 2
+    exact = reference_backward(q, k, v, do, ScoreOptions(score_mod=mods.softcap(2.0),
+                                                          mask_mod=mm))
+    for fn, how, tol in ((with_grad, "exact", 1e-14), (capped, "finite differences", 1e-9)):
+        tiled = attention_backward(q, k, v, do, score_mod=fn, mask_mod=mm, block_q=16,
+                                   block_k=32)
+        assert f"score_mod {fn.__name__} ({how} derivative)" in tiled.mods
+        ref = reference_backward(q, k, v, do, ScoreOptions(score_mod=fn, mask_mod=mm))
+        for x, y, z in zip((tiled.dq, tiled.dk, tiled.dv), ref, exact, strict=True):
+            assert np.allclose(x, y, rtol=0, atol=1e-13)
+            assert np.allclose(y, z, rtol=0, atol=tol)
+
+
+def test_relative_bias_prefix_lm_and_chunked_against_a_dense_mask():
+    """The built-ins as the dense bias and mask they stand for, through the reference."""
+    q, k, v, _ = _qkv(2)
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((H, 2 * T - 1))
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    bias = table[:, i - j + T - 1]  # (H, T, T)
+    dense = ((j < 7) | (i >= j)) & (i // 20 == j // 20)
+    got = attention(q, k, v, score_mod=mods.relative_bias(table), block_q=32, block_k=16,
+                    mask_mod=[mods.prefix_lm(7), mods.chunked(20)])
+    want = reference(q, k, v, ScoreOptions(mask=np.where(dense, bias, -np.inf)[None]))
+    assert np.allclose(got.out, want[0], rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda s, b, h, q, kv: s if q > kv else 0 * s, "must take numpy arrays"),
+    (lambda s, b, h, q, kv: float(s), "must take numpy arrays"),
+    (lambda s, b, h, q, kv: s[..., :1, :1, :2], "returned shape"),
+    ("softcap", "must be a function"),
+])
+def test_a_score_mod_for_scalars_is_refused_with_its_error(fn, says):
+    with pytest.raises(InputError, match=says):
+        ScoreOptions(score_mod=fn)
+
+
+def test_a_mask_mod_must_return_booleans():
+    with pytest.raises(InputError, match="must return booleans"):
+        ScoreOptions(mask_mod=lambda b, h, q, kv: q - kv)
+    with pytest.raises(InputError, match=r"raised .*truth value"):
+        ScoreOptions(mask_mod=lambda b, h, q, kv: q >= kv and h == 0)
+
+
+def test_check_passes_a_mods_output_and_fails_a_wrong_mask():
+    """check with the score_mod and mask_mod: the bf16-rounded reference PASSes (out, LSE and
+    gradients); judged without the document mask it FAILs. The presets refuse a score_mod:
+    the model beside runs osm's own loop."""
+    bf = ml_dtypes.bfloat16
+    q, k, v, do = (x.astype(bf).astype(np.float32) for x in _qkv(3))
+    mm = [mods.document(DOCS), mods.causal()]
+    opts = ScoreOptions(score_mod=mods.softcap(2.0), mask_mod=mm)
+    out, lse = reference(q, k, v, opts)
+    dq, dk, dv = reference_backward(q, k, v, do, opts)
+    rep = check(out.astype(bf), q, k, v, "bf16", lse=lse, do=do, dq=dq.astype(bf),
+                dk=dk.astype(bf), dv=dv.astype(bf), opts=opts)
+    assert rep.verdict.passed and len(rep.grads) == 3 and all(g.rule.passed for g in rep.grads)
+    assert rep.kernel == "tiles"
+    wrong = check(out.astype(bf), q, k, v, "bf16", lse=lse,
+                  opts=ScoreOptions(score_mod=mods.softcap(2.0), mask_mod=mods.causal()))
+    assert not wrong.verdict.passed
+    with pytest.raises(OsmError, match="score_mod runs in osm's own loop"):
+        run_flash(model("bf16"), q, k, v, kernel="fa2", opts=opts)
