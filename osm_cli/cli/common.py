@@ -86,6 +86,8 @@ class KernelInputs:
     page_table: str | None = None
     kv_layout: str = "nhd"
     seq: int | None = None
+    score_mod: str | None = None
+    mask_mod: tuple | None = None  # repeated --mask-mod: and-ed
 
     @property
     def packed(self) -> bool:
@@ -124,13 +126,27 @@ class KernelInputs:
             got["alibi_slopes"] = alibi_auto(1 if len(shape) < 3 else heads)
         elif self.alibi is not None:
             got["alibi_slopes"] = load(self.alibi, "--alibi")
+        if self.score_mod is not None or self.mask_mod:
+            from osm_cli.flash.mods import all_of, from_spec
+
+            shape = np.shape(q)
+            heads = 1 if len(shape) < 3 else shape[-2] if self.packed or layout == "bnhd" \
+                else shape[-3]
+            read = functools.partial(load, name="a mod's table")
+            if self.score_mod is not None:
+                got["score_mod"] = from_spec(self.score_mod, "score", read, io.load_function,
+                                             heads)
+            if self.mask_mod:
+                got["mask_mod"] = all_of(*(from_spec(spec, "mask", read, io.load_function,
+                                                     heads) for spec in self.mask_mod))
         return got
 
 
 def kernel_inputs(fn):
     """Give a command the kernels' own inputs (--softcap, --alibi, --sinks, --cu-seqlens-q,
-    --cu-seqlens-k, --seqused-k, --page-table, --kv-layout, --seq), passed to it as one
-    KernelInputs keyword `inputs`. One line above its definition (under @guarded)."""
+    --cu-seqlens-k, --seqused-k, --page-table, --kv-layout, --seq, --score-mod, --mask-mod),
+    passed to it as one KernelInputs keyword `inputs`. One line above its definition (under
+    @guarded)."""
     import inspect
 
     from . import options as o
@@ -138,7 +154,8 @@ def kernel_inputs(fn):
     names = {"softcap": o.SoftcapOpt, "alibi": o.AlibiOpt, "sinks": o.SinksOpt,
              "cu_seqlens_q": o.CuSeqlensQOpt, "cu_seqlens_k": o.CuSeqlensKOpt,
              "seqused_k": o.SequsedKOpt, "page_table": o.PageTableOpt,
-             "kv_layout": o.KvLayoutOpt, "seq": o.SeqOpt}
+             "kv_layout": o.KvLayoutOpt, "seq": o.SeqOpt, "score_mod": o.ScoreModOpt,
+             "mask_mod": o.MaskModOpt}
     sig = inspect.signature(fn, eval_str=True)
     kept = [p for n, p in sig.parameters.items() if n != "inputs"]
     extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a,
@@ -150,6 +167,7 @@ def kernel_inputs(fn):
         given = {n: kwargs.pop(n, None) for n in names}
         layout = given["kv_layout"]
         given["kv_layout"] = "nhd" if layout is None else getattr(layout, "value", layout)
+        given["mask_mod"] = tuple(given["mask_mod"]) if given["mask_mod"] else None
         return fn(*args, inputs=KernelInputs(**given), **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=[*kept, *extra])

@@ -240,6 +240,14 @@ PageTableOpt = Annotated[str | None, typer.Option(
     "caches (num_pages, page_size, Hkv, d); needs --seqused-k.")]
 KvLayoutOpt = Annotated[KvLayout, typer.Option(
     "--kv-layout", help="A paged cache's layout: nhd (FlashAttention) or hnd (FlashInfer).")]
+ScoreModOpt = Annotated[str | None, typer.Option(
+    "--score-mod", metavar="SPEC", help="FlexAttention's score_mod on the scaled scores, "
+    "before the masks: softcap:C, alibi[:SLOPES.npy], relative-bias:TABLE.npy (H, 2N−1), "
+    "tanh-gate, or python:FILE.py:FUNCTION (docs/score-mod.md).")]
+MaskModOpt = Annotated[list[str] | None, typer.Option(
+    "--mask-mod", metavar="SPEC", help="FlexAttention's mask_mod (True = attend): causal, "
+    "sliding:W, document:DOC_IDS.npy, prefix-lm:P, chunked:C, python:FILE.py:FUNCTION; "
+    "repeat to and them.")]
 SeqOpt = Annotated[int | None, typer.Option(
     "--seq", min=0, help="varlen or paged: the sequence of the traced row (--query counts "
     "within it).")]

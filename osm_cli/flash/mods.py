@@ -291,6 +291,50 @@ def _count(x, what: str, least: int = 0) -> int:
     return x
 
 
+def from_spec(spec: str, kind: str, load: Callable, function: Callable, heads: int):
+    """A ScoreMod (kind "score") or MaskMod ("mask") from a command-line spec: a built-in's
+    name and parameter ("softcap:30", "alibi", "alibi:SLOPES.npy", "sliding:128",
+    "document:IDS.npy") or "python:FILE.py:FUNCTION". load(path) reads an array,
+    function(path, name) a user's function (cli/ does the reading); heads fills ALiBi's
+    standard slopes. Example: from_spec("softcap:30", "score", …).name -> "softcap:30"
+    """
+    table = SCORE_MODS if kind == "score" else MASK_MODS
+    flag = f"--{kind}-mod"
+    name, _, param = spec.partition(":")
+    if name == "python":
+        path, _, fn_name = param.rpartition(":")
+        if not path or not fn_name:
+            raise InputError(f"{flag} python:FILE.py:FUNCTION names a file and a function in "
+                             f"it; got {spec!r}")
+        fn = function(path, fn_name)
+        return (ScoreMod if kind == "score" else MaskMod).of(fn, f"python:{param}")
+    if name not in table:
+        raise InputError(f"{flag} {spec!r}: the built-ins are {', '.join(table)}, or "
+                         "python:FILE.py:FUNCTION")
+    build, takes = table[name]
+    if takes is None or (takes == "optional array" and not param):
+        if param:
+            raise InputError(f"{flag} {name} takes no parameter; got {spec!r}")
+        return build(alibi_standard(heads)) if takes else build()
+    if not param:
+        raise InputError(f"{flag} {name} needs a parameter: {name}:"
+                         f"{'N' if takes == 'number' else 'FILE.npy'}")
+    if takes == "number":
+        try:
+            value = float(param)
+        except ValueError:
+            raise InputError(f"{flag} {spec!r}: {param!r} is not a number") from None
+        return build(value)
+    return build(load(param))
+
+
+def alibi_standard(heads: int) -> np.ndarray:
+    """ALiBi's standard slopes for `heads` heads (options.alibi_auto's, Press et al.)."""
+    from .options import alibi_auto
+
+    return alibi_auto(heads)
+
+
 # name -> (builder, what its parameter is: None, "number", "array", "optional array")
 SCORE_MODS = {"softcap": (softcap, "number"), "alibi": (alibi, "optional array"),
               "relative-bias": (relative_bias, "array"), "tanh-gate": (tanh_gate, None)}
@@ -299,4 +343,4 @@ MASK_MODS = {"causal": (causal, None), "sliding": (sliding, "number"),
              "chunked": (chunked, "number")}
 
 __all__ = ["MASK_MODS", "SCORE_MODS", "MaskMod", "ScoreMod", "TileMod", "about_mods", "all_of",
-           "probe_indices"]
+           "from_spec", "probe_indices"]

@@ -375,6 +375,33 @@ def check_mask(mask: np.ndarray, name: str) -> None:
                          "(use -inf to hide a key)")
 
 
+def load_function(path: str, name: str):
+    """The function `name` of the Python file at `path` (a user's score_mod or mask_mod, run
+    as the user's own code): an InputError when the file or the function is not there. A
+    `NAME_grad` function beside it, or a `grad` attribute, is its derivative in the score."""
+    import importlib.util
+
+    file = Path(path)
+    check_file(file)
+    spec = importlib.util.spec_from_file_location(f"osm_user_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise InputError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: any error is theirs, said in one line
+        raise InputError(f"{path}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = sorted(n for n, x in vars(module).items() if callable(x) and not n.startswith("_"))
+        raise InputError(f"{path} has no function {name!r}"
+                         + (f" (it has {', '.join(found)})" if found else ""))
+    grad = getattr(module, f"{name}_grad", None)
+    if callable(grad) and getattr(fn, "grad", None) is None:
+        fn.grad = grad
+    return fn
+
+
 def load_mask(path: str) -> np.ndarray:
     """A --mask file: boolean (True = attend) or float (added to the scores), read into memory."""
     mask = load_array(Path(path), mmap=False)

@@ -60,7 +60,8 @@ def attention_summary(res, ref_err: dict | None, kernel: str | None = None) -> T
     else:
         rows += [
             ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} "
-                      f"computed, {res.tiles_skipped} skipped of {res.tiles_total}"),
+                      f"computed{partial_text(res)}, {res.tiles_skipped} skipped of "
+                      f"{res.tiles_total}"),
             ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
         ]
     rows += [
@@ -103,7 +104,17 @@ def kernel_inputs_rows(res) -> list:
         rows.append(("ALiBi", "−slope·|i + s − t − j| added to the scores"))
     if getattr(res, "sinks", False):
         rows.append(("sinks", "per-head logits in the denominator (trace: last row)"))
+    if getattr(res, "mods", ""):
+        rows.append(("mods", res.mods))
     return rows
+
+
+def partial_text(res) -> str:
+    """" (N partial, masked)" after the computed tiles under a mask_mod: the block mask's
+    partial tiles, the only ones the mask is applied on; "" otherwise."""
+    if "mask_mod" not in getattr(res, "mods", ""):
+        return ""
+    return f" ({res.tiles_partial} partial, masked; {res.tiles_computed - res.tiles_partial} full)"
 
 
 def attention_heads(rep) -> list:
@@ -197,7 +208,8 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
         m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
         l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
         o = [values(s.o, max(3, d - 3), shown)] if with_o else []
-        return [str(s.block), f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
+        tile = str(s.block) if s.kind is None else f"{s.block} {s.kind[0]}"  # full / partial
+        return [tile, f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
                 num(s.o_norm, d), *extra]
 
     moved = [n for n, s in enumerate(res.trace) if s.m != s.m_prev]
@@ -208,6 +220,8 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
         title += f"\n(O[:{shown}] left out at this width: --csv or --json has it)"
     if not arrows:
         title += "\nm and l after each tile (the row above holds their values before it)"
+    if any(st.kind is not None for st in res.trace):
+        title += "\nblock mask: f a full tile (no mask applied), p a partial one (masked)"
     return Group(Text(title), t)
 
 

@@ -137,6 +137,8 @@ def tile_doc(s) -> dict:
         doc["pages"] = list(s.pages)
     if s.p_max is not None:  # FP8: the largest P before rounding, and how many saturated
         doc["p_max"], doc["saturated"] = s.p_max, s.saturated
+    if s.kind is not None:  # under a mask_mod: the block mask's kind, full or partial
+        doc["kind"] = s.kind
     return doc
 
 
@@ -149,6 +151,9 @@ def kernel_inputs_doc(res) -> dict:
         doc["softcap"] = res.softcap
     if getattr(res, "alibi", False):
         doc["alibi"] = True
+    if getattr(res, "mods", ""):
+        doc["mods"] = res.mods
+        doc["tiles_partial"] = res.tiles_partial
     if getattr(res, "sinks", False):
         doc["sinks"] = True
     return doc

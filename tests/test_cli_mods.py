@@ -1,0 +1,98 @@
+"""--score-mod and --mask-mod as a user types them (issue 24): osm attention's summary, trace
+and JSON with a document mask and a softcap, osm backward saying how it differentiates, osm
+check PASSing a matching output and FAILing it without the document mask, and bad specs as
+one "Error:" line."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from osm_cli.cli import app
+from osm_cli.flash import mods
+from osm_cli.flash.options import ScoreOptions
+from osm_cli.flash.reference import reference
+
+DOCS = np.repeat([0, 1, 2, 3], [1, 40, 29, 30])
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    bf = ml_dtypes.bfloat16
+    arrays = {n: rng.standard_normal((1, 2, 100, 16)).astype(bf).astype(np.float32)
+              for n in ("q", "k", "v", "do")}
+    for name, x in {**arrays, "ids": DOCS}.items():
+        np.save(tmp_path / f"{name}.npy", x)
+    (tmp_path / "user.py").write_text(
+        "import numpy as np\n\n\ndef cap(score, b, h, q_idx, kv_idx):\n"
+        "    return 3 * np.tanh(score / 3)\n\n\ndef scalar(score, b, h, q_idx, kv_idx):\n"
+        "    return score if q_idx > kv_idx else -score\n")
+    opts = ScoreOptions(score_mod=mods.softcap(3.0), mask_mod=[mods.document(DOCS),
+                                                                mods.causal()])
+    out, _ = reference(arrays["q"], arrays["k"], arrays["v"], opts)
+    np.save(tmp_path / "out.npy", out.astype(bf).astype(np.float32))
+    return tmp_path
+
+
+MODS = ["--score-mod", "softcap:3", "--mask-mod", "document:{}/ids.npy", "--mask-mod", "causal"]
+
+
+def _mods(tmp):
+    return [a.format(tmp) for a in MODS]
+
+
+def test_attention_shows_the_mods_the_block_mask_and_the_kinds(runner, files):
+    qkv = [str(files / f"{n}.npy") for n in "qkv"]
+    res = runner.invoke(app, ["attention", *qkv, *_mods(files), "--block-q", "16",
+                              "--block-k", "16", "--query", "60"], env={"COLUMNS": "100"})
+    assert res.exit_code == 0, res.stderr
+    text = res.stdout
+    assert "score_mod softcap:3 (exact derivative), mask_mod document & causal" in text
+    assert "16 computed (15 partial, masked; 1 full), 33 skipped of 49" in " ".join(text.split())
+    assert "block mask: f a full tile (no mask applied), p a partial one (masked)" in text
+    assert [ln.split()[:2] for ln in text.splitlines() if " p " in ln[:8]] == [
+        ["2", "p"], ["3", "p"]]
+    doc = json.loads(runner.invoke(app, ["attention", *qkv, *_mods(files), "--block-q", "16",
+                                         "--block-k", "16", "--query", "60", "--json"]).stdout)
+    assert doc["tiles_partial"] == 15 and doc["mods"].startswith("score_mod softcap:3")
+    assert [st.get("kind") for st in doc["trace"]["steps"] if not st["skipped"]] == ["partial",
+                                                                            "partial"]
+
+
+def test_a_python_score_mod_with_differences_in_the_backward(runner, files):
+    args = [str(files / f"{n}.npy") for n in ("q", "k", "v", "do")]
+    res = runner.invoke(app, ["backward", *args, "--score-mod", f"python:{files}/user.py:cap",
+                              "--mask-mod", "causal"], env={"COLUMNS": "120"})
+    assert res.exit_code == 0, res.stderr
+    assert f"score_mod python:{files}/user.py:cap (finite differences derivative)" in \
+        " ".join(res.stdout.split())
+
+
+def test_check_passes_the_matching_mods_and_fails_without_the_document_mask(runner, files):
+    base = ["check", *(str(files / f"{n}.npy") for n in ("out", "q", "k", "v")), "--dtype",
+            "bf16"]
+    good = runner.invoke(app, [*base, *_mods(files)])
+    assert good.exit_code == 0, good.stdout + good.stderr
+    assert "PASS" in good.stdout
+    bad = runner.invoke(app, [*base, "--score-mod", "softcap:3", "--mask-mod", "causal"])
+    assert bad.exit_code == 1 and "FAIL" in bad.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--mask-mod", "sliding"], "--mask-mod sliding needs a parameter: sliding:N"),
+    (["--mask-mod", "diagonal"], "the built-ins are causal, sliding, document, prefix-lm"),
+    (["--score-mod", "softcap:x"], "'x' is not a number"),
+    (["--score-mod", "python:{}/user.py:nope"], "has no function 'nope' (it has cap, scalar)"),
+    (["--score-mod", "python:{}/user.py:scalar"], "must take numpy arrays"),
+    (["--mask-mod", "document:{}/missing.npy"], "missing.npy"),
+])
+def test_bad_specs_are_one_error_line(runner, files, args, says):
+    qkv = [str(files / f"{n}.npy") for n in "qkv"]
+    res = runner.invoke(app, ["attention", *qkv, *(a.format(files) for a in args)])
+    assert res.exit_code == 1, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], res.stderr
