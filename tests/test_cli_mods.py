@@ -96,3 +96,35 @@ def test_bad_specs_are_one_error_line(runner, files, args, says):
     assert res.exit_code == 1, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], res.stderr
+
+
+def test_check_block_mask_fails_a_partial_tile_declared_full(runner, files):
+    """A FlexAttention block mask of the causal document mask (t = s = 100 in 32-blocks) passes;
+    the same with a partial diagonal tile declared full fails, the tile named."""
+    from osm_cli.flash.blockmask import FULL, PARTIAL, block_kinds
+
+    mm = [mods.document(DOCS), mods.causal()]
+    kinds = block_kinds(mm, 1, 2, 100, 100, 32, 32)
+
+    def save(k, name):
+        arrays = {"block_size": np.array([32, 32])}
+        for num, idx, kind in (("kv_num_blocks", "kv_indices", PARTIAL),
+                               ("full_kv_num_blocks", "full_kv_indices", FULL)):
+            arrays[num] = (k == kind).sum(-1).astype(np.int32)
+            arrays[idx] = np.argsort(k != kind, axis=-1, kind="stable").astype(np.int32)
+        np.savez(files / name, **arrays)
+
+    save(kinds, "good.npz")
+    wrong = kinds.copy()
+    wrong[0, 1, 3, 3] = FULL
+    save(wrong, "wrong.npz")
+    base = ["check", *(str(files / f"{n}.npy") for n in ("out", "q", "k", "v")), "--dtype",
+            "bf16", *_mods(files)]
+    good = runner.invoke(app, [*base, "--block-mask", str(files / "good.npz")])
+    assert good.exit_code == 0, good.stdout + good.stderr
+    assert "block mask PASS: 0 wrong of 32 tiles (block 32×32 against document & causal)" in \
+        good.stdout
+    bad = runner.invoke(app, [*base, "--block-mask", str(files / "wrong.npz")])
+    assert bad.exit_code == 1
+    assert ("FAIL: block mask: batch 0, head 1, Q tile 3 (rows 96:100), K/V tile 3 (keys "
+            "96:100): claimed full but partial: its mask is never applied") in bad.stderr

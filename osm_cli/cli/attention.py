@@ -240,6 +240,12 @@ def check(
     v_descale: VDescaleOpt = None,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
+    block_mask: Annotated[str | None, typer.Option(
+        "--block-mask", metavar="FILE.npz", help="The kernel's block-sparse metadata "
+        "(FlexAttention's kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, or "
+        "FA4's mask_block_cnt, …; block_size (2,), default 128,128), judged against "
+        "--mask-mod: a tile claimed full that is partial, or left out with a visible key, "
+        "is named and fails the check.")] = None,
     inputs=None,
 ):
     """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
@@ -287,6 +293,7 @@ def check(
             dname = dt = narrow
     kname = (kernel and kernel.value) or default_kernel(dname, opts)
     scales = descales(q_descale, k_descale, v_descale)
+    blocks_ok = True if block_mask is None else _block_mask(block_mask, opts, t["q"], t["k"])
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
                 opts=opts, grad_rule=grad_rule.value, kernel=kname, mma=mma.value,
                 descale=scales, **t)
@@ -296,7 +303,36 @@ def check(
         out.print(check_report(rep, name, top))
     if not rep.passed:
         err.print(f"FAIL: {fail_line(rep)}", markup=False, soft_wrap=True)
+    if not rep.passed or not blocks_ok:
         raise typer.Exit(1)
+
+
+def _block_mask(path: str, opts, q, k) -> bool:
+    """check --block-mask: the kernel's block mask judged against the mask_mod, its verdict
+    and wrong tiles printed; False when it fails."""
+    import numpy as np
+
+    from osm_cli import io
+    from osm_cli.flash.blockmask import judge_block_mask
+    from osm_cli.flash.shapes import as_bhnd
+
+    if opts.mask_mod is None:
+        raise OsmError("--block-mask is judged against the mask_mod: give --mask-mod")
+    arrays = io.load_named(path)
+    size = arrays.pop("block_size", (128, 128))
+    q4, k4 = as_bhnd(np.asarray(q), opts.layout, "Q"), as_bhnd(np.asarray(k), opts.layout, "K")
+    rep = judge_block_mask(opts.mask_mod, q4.shape[0], q4.shape[1], q4.shape[2], k4.shape[2],
+                           arrays, np.ravel(size))
+    verdict = "PASS" if rep.passed else "FAIL"
+    out.print(f"block mask {verdict}: {rep.wrong_count} wrong of {rep.tiles} tiles "
+              f"(block {rep.block_q}×{rep.block_k} against {opts.mask_mod.name})"
+              + (f"; {rep.slower} claimed partial that are full or empty (slower, not wrong)"
+                 if rep.slower else ""), markup=False, soft_wrap=True)
+    for line in rep.wrong:
+        out.print(f"  {line}", markup=False, soft_wrap=True)
+    if not rep.passed:
+        err.print(f"FAIL: block mask: {rep.wrong[0]}", markup=False, soft_wrap=True)
+    return rep.passed
 
 
 def descales(q_path: str | None, k_path: str | None, v_path: str | None):

@@ -16,6 +16,7 @@ from .load import (
     load_array,
     load_function,
     load_mask,
+    load_named,
     load_partials,
     load_scores,
     parse_pair,
@@ -30,6 +31,6 @@ __all__ = [
     "check_mask",
     "check_not_void", "check_real", "check_scores", "is_bundle", "is_qkv", "load_array",
     "load_backward", "load_bundle", "load_function", "load_kernel_tensors", "load_mask",
-    "load_partials", "load_qkv", "load_scores", "parse_pair", "parse_text", "save_bytes",
-    "save_npy", "save_text", "tensor_names", "view_raw", "write_all",
+    "load_named", "load_partials", "load_qkv", "load_scores", "parse_pair", "parse_text",
+    "save_bytes", "save_npy", "save_text", "tensor_names", "view_raw", "write_all",
 ]

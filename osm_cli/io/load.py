@@ -375,6 +375,20 @@ def check_mask(mask: np.ndarray, name: str) -> None:
                          "(use -inf to hide a key)")
 
 
+def load_named(path: str) -> dict:
+    """Every array of an .npz file by name (a kernel's block mask, say): an InputError for a
+    missing file or one that is not an .npz."""
+    file = Path(path)
+    check_file(file)
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise InputError(f"{path}: an .npz of named arrays is needed here")
+            return {n: z[n] for n in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: not a readable .npz ({_short(exc)})") from None
+
+
 def load_function(path: str, name: str):
     """The function `name` of the Python file at `path` (a user's score_mod or mask_mod, run
     as the user's own code): an InputError when the file or the function is not there. A
