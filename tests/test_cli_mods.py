@@ -128,3 +128,35 @@ def test_check_block_mask_fails_a_partial_tile_declared_full(runner, files):
     assert bad.exit_code == 1
     assert ("FAIL: block mask: batch 0, head 1, Q tile 3 (rows 96:100), K/V tile 3 (keys "
             "96:100): claimed full but partial: its mask is never applied") in bad.stderr
+
+
+def test_trace_and_sweep_take_the_mods(runner, files):
+    """osm trace: row r is q_idx r, position j kv_idx j, so sliding:1 on row 2 of a 3 × 3
+    matrix keeps keys 1 and 2; osm sweep on Q/K/V runs the mods in every tile size."""
+    res = runner.invoke(app, ["trace", "--values", "1,2,5", "-b", "1", "--mask-mod",
+                              "sliding:1", "--json"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["m"] == 1.0  # row 0 (q_idx 0) sees only key 0
+    (files / "m.txt").write_text("1 2 5\n1 2 5\n1 2 5\n")
+    res = runner.invoke(app, ["trace", str(files / "m.txt"), "--row", "2", "-b", "1",
+                              "--mask-mod", "sliding:1", "--score-mod", "tanh-gate", "--json"])
+    doc = json.loads(res.stdout)  # per row: row 0 sees key 0, row 1 keys 0:2, row 2 keys 1:3
+    assert doc["m"] == [float(np.tanh(x)) for x in (1.0, 2.0, 5.0)]
+    assert doc["l"][2] == pytest.approx(np.exp(np.tanh(2.0) - np.tanh(5.0)) + 1, rel=1e-15)
+    both = runner.invoke(app, ["trace", "--values", "1,2", "--softcap", "2", "--score-mod",
+                               "softcap:2"])
+    assert both.exit_code == 1 and "not both" in both.stderr
+    qkv = [str(files / f"{n}.npy") for n in "qkv"]
+    sw = runner.invoke(app, ["sweep", *qkv, "--blocks", "16,32", "--block-q", "16", "--json",
+                             *_mods(files)])
+    assert sw.exit_code == 0, sw.stderr
+    from osm_cli.studies.tilemap import kind_map
+
+    rows = json.loads(sw.stdout)["blocks"]
+    q, k = (np.load(files / f"{n}.npy") for n in "qk")
+    mm = [mods.document(DOCS), mods.causal()]
+    assert [r["masked_tiles"] for r in rows] == [
+        int((kind_map(q, k, block_q=16, block_k=bk, mask_mod=mm) == "skip").sum())
+        for bk in (16, 32)] == [33, 18]
+    assert max(r["max_abs_error"] for r in rows) < 1e-6

@@ -166,3 +166,24 @@ def test_check_passes_a_mods_output_and_fails_a_wrong_mask():
     assert not wrong.verdict.passed
     with pytest.raises(OsmError, match="score_mod runs in osm's own loop"):
         run_flash(model("bf16"), q, k, v, kernel="fa2", opts=opts)
+
+
+def test_the_tile_map_and_the_plot_show_the_three_kinds():
+    """kind_map asks the forward's own walk: the document mask's 33 skipped, 15 partial and 1
+    full tiles; the plotted head's probabilities apply the score_mod and mask_mod (rows sum to
+    1, hidden keys 0) and its partial tiles are the walk's."""
+    from osm_cli.studies.tilemap import head_probabilities, kind_map
+
+    q, k, v, _ = _qkv()
+    mm = [mods.document(DOCS), mods.causal()]
+    kinds = kind_map(q, k, block_q=16, block_k=16, mask_mod=mm)
+    assert {n: int((kinds == n).sum()) for n in ("skip", "partial", "full")} == {
+        "skip": 33, "partial": 15, "full": 1}
+    hm = head_probabilities(q, k, batch=1, head=3, block_q=16, block_k=16,
+                            score_mod=mods.softcap(2.0), mask_mod=mm)
+    assert np.array_equal(hm.partial, kinds == "partial") and np.array_equal(hm.skip,
+                                                                             kinds == "skip")
+    seen = (DOCS[:, None] == DOCS[None, :]) & np.tri(T, dtype=bool)
+    assert np.array_equal(hm.masked, ~seen) and np.allclose(hm.p.sum(-1), 1, rtol=0, atol=1e-12)
+    ref, _ = reference(q, k, v, ScoreOptions(score_mod=mods.softcap(2.0), mask_mod=mm))
+    assert np.allclose(hm.p @ v[1, 1], ref[1, 3], rtol=0, atol=1e-12)  # head 3 reads kv head 1

@@ -14,7 +14,16 @@ import typer
 
 from osm_cli.errors import OsmError
 
-from .common import check_outputs, emit_json, guarded, need_plot, out, save, score_options
+from .common import (
+    KernelInputs,
+    check_outputs,
+    emit_json,
+    guarded,
+    need_plot,
+    out,
+    save,
+    score_options,
+)
 from .options import (
     AccumDtype,
     Align,
@@ -28,10 +37,12 @@ from .options import (
     Layout,
     LayoutOpt,
     LseBase,
+    MaskModOpt,
     MaskOpt,
     Mma,
     MmaOpt,
     ScaleOpt,
+    ScoreModOpt,
     SweepCsvOpt,
     ValuesOpt,
     WindowOpt,
@@ -124,6 +135,8 @@ def sweep(
     mma: MmaOpt = Mma.blas,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
+    score_mod: ScoreModOpt = None,
+    mask_mod: MaskModOpt = None,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
 
@@ -160,6 +173,12 @@ def sweep(
 
         opts = score_options(causal, causal_align, window, mask, scale, layout)
         q, k, v = io.load_qkv(files, input_dtype)
+        if score_mod is not None or mask_mod:
+            from dataclasses import replace
+
+            got = KernelInputs(score_mod=score_mod, mask_mod=tuple(mask_mod or ()) or None)
+            opts = replace(opts, **{n: x for n, x in got.resolve(q, layout.value).items()
+                                    if n in ("score_mod", "mask_mod")})
         name = kernel and kernel.value
         if name not in (None, "tiles"):
             dtype = dtype or shared_narrow(q, k, v)  # bf16 or FP8 inputs: their model
@@ -172,6 +191,12 @@ def sweep(
         doc = documents.attention_sweep_doc(res, name, accum.value, shapes, opts)
     else:
         s, name = io.load_scores(files[0] if files else None, values, input_dtype)
+        if score_mod is not None or mask_mod:  # row r is q_idx r, position j is kv_idx j
+            from osm_cli.flash.mods import modded_scores
+
+            got = KernelInputs(score_mod=score_mod, mask_mod=tuple(mask_mod or ()) or None)
+            got = got.resolve(s, "bhnd")
+            s = modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
         about, doc = None, documents.sweep_doc(res, name, accum.value)

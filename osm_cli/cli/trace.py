@@ -15,6 +15,7 @@ import typer
 from osm_cli.errors import OsmError
 
 from .common import (
+    KernelInputs,
     check_outputs,
     emit_json,
     exports,
@@ -32,7 +33,9 @@ from .options import (
     Form,
     InputDtypeOpt,
     JsonOpt,
+    MaskModOpt,
     PrecisionOpt,
+    ScoreModOpt,
     SeedOpt,
     SoftcapOpt,
     StepOpt,
@@ -80,6 +83,8 @@ def trace(
     sink: Annotated[float | None, typer.Option(
         "--sink", help="A sink logit: one more score, of value 0, in the denominator only "
         "(gpt-oss, FA4's learnable_sink).")] = None,
+    score_mod: ScoreModOpt = None,
+    mask_mod: MaskModOpt = None,
 ):
     """Trace online softmax over a score vector, block by block.
 
@@ -106,6 +111,14 @@ def trace(
     from osm_cli.reports.trace import trace_report
 
     s, name = io.load_scores(scores, values, input_dtype)
+    if score_mod is not None or mask_mod:  # row r is q_idx r, position j is kv_idx j
+        from osm_cli.flash.mods import modded_scores
+
+        if softcap is not None and score_mod is not None:
+            raise OsmError("give --softcap or --score-mod (softcap:C is one), not both")
+        got = KernelInputs(score_mod=score_mod, mask_mod=tuple(mask_mod or ()) or None).resolve(
+            s, "bhnd")
+        s = modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
     trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)

@@ -189,6 +189,20 @@ def about_mods(opts) -> str:
     return ", ".join(parts)
 
 
+def modded_scores(s: np.ndarray, score_mod=None, mask_mod=None) -> np.ndarray:
+    """A score matrix (rows, n) or vector through a score_mod and mask_mod, as osm trace takes
+    them: row r is q_idx r, position j is kv_idx j, batch and head 0; hidden scores −inf.
+    Example: modded_scores(np.zeros((2, 2)), mask_mod=causal()) -> [[0, -inf], [0, 0]]"""
+    s2 = np.atleast_2d(np.asarray(s))
+    idx = (np.zeros((1, 1), int), np.zeros((1, 1), int), np.arange(s2.shape[0])[:, None],
+           np.arange(s2.shape[1])[None, :])
+    out = s2 if score_mod is None else ScoreMod.of(score_mod)(s2, idx)
+    if mask_mod is not None:
+        seen = np.broadcast_to(MaskMod.of(mask_mod)(*idx), s2.shape)
+        out = np.where(seen, out, out.dtype.type(-np.inf))
+    return out.reshape(np.shape(s))
+
+
 # --- the built-ins (docs/score-mod.md): FlexAttention's and attention-gym's conventions -------
 
 def softcap(cap: float) -> ScoreMod:
@@ -343,4 +357,4 @@ MASK_MODS = {"causal": (causal, None), "sliding": (sliding, "number"),
              "chunked": (chunked, "number")}
 
 __all__ = ["MASK_MODS", "SCORE_MODS", "MaskMod", "ScoreMod", "TileMod", "about_mods", "all_of",
-           "from_spec", "probe_indices"]
+           "from_spec", "modded_scores", "probe_indices"]

@@ -162,8 +162,9 @@ def traced_head_png(hm, source: str, traced_query: int | None = None) -> bytes:
 
 
 def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
-    """One head's probability matrix (tilemap.HeadMap) as a heatmap, the tile grid drawn over it
-    and the tiles attention skipped shaded; masked entries (score -inf) are white.
+    """One head's probability matrix (tilemap.HeadMap) as a heatmap, the tile grid drawn over it,
+    the tiles attention skipped shaded and the partial ones (a mask applied) tinted; masked
+    entries (score -inf) are white.
     """
     fig = _figure(HEATMAP_SIZE)
     ax = fig.subplots()
@@ -191,6 +192,11 @@ def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
         grey = np.zeros((rows, cols, 4))
         grey[layer] = (0.35, 0.35, 0.35, 0.6)
         ax.imshow(grey, interpolation="nearest", aspect="auto", extent=extent)
+    partial = getattr(hm, "partial", None)
+    if n_q and n_k and partial is not None and partial.any():  # the masked tiles, tinted
+        tint = np.zeros((rows, cols, 4))
+        tint[partial[np.ix_(qi, kj)]] = (0.95, 0.55, 0.1, 0.22)
+        ax.imshow(tint, interpolation="nearest", aspect="auto", extent=extent)
     lines_q = np.arange(hm.block_q, rows, hm.block_q) - 0.5
     lines_k = np.arange(hm.block_k, cols, hm.block_k) - 0.5
     width = 0.9 if max(len(lines_q), len(lines_k)) <= 32 else 0.3
@@ -207,6 +213,11 @@ def attention_png(hm, title: str, traced_query: int | None = None) -> bytes:
                      label=f"skipped tile, not computed ({int(hm.skip.sum())} of the head's "
                      f"{hm.skip.size})"),
                Patch(facecolor="white", edgecolor="black", label="masked score (p = 0)")]
+    if partial is not None and partial.any():
+        full = int(partial.size - partial.sum() - hm.skip.sum())
+        handles.append(Patch(color=(0.95, 0.55, 0.1, 0.22),
+                             label=f"partial tile, masked ({int(partial.sum())}); the others "
+                             f"full, no mask ({full})"))
     if traced_query is not None and traced_query < rows:
         ax.add_patch(Rectangle((-0.5, traced_query - 0.5), cols, 1, fill=False,
                                edgecolor="tab:orange", lw=2))

@@ -2,9 +2,10 @@
 matrix to draw them over.
 
 The forward decides tile by tile whether to skip: when the causal band or the window hides the
-whole tile, or the user's mask hides it for every batch and head. `skip_map` applies that same
-rule (masks.tile_kind) to every tile at once, so a picture (present/plot.py) can show it
-without running the forward; `row_visits` counts the (row, tile) pairs computed, FA1
+whole tile, or the user's mask or mask_mod hides it for every batch and head. `kind_map` asks
+the forward's own tile walk (plan.walk) for every tile's kind at once (skip, partial: masked,
+full: no mask), and `skip_map` for the skipped ones, so a picture (present/plot.py) can show
+them without running the forward; `row_visits` counts the (row, tile) pairs computed, FA1
 Proposition 4's block-sparse count. `head_probabilities` computes one head's
 softmax(scale·QKᵀ + mask) in chunks of query rows, normalised over every key, keeping at most
 rows × cols entries: the t × s matrix is never held. Leaves out: drawing, the forward itself.
@@ -22,8 +23,10 @@ import numpy as np
 from osm_cli.core.reference import stable_softmax
 from osm_cli.errors import InputError
 from osm_cli.flash.forward import ScoreOptions
-from osm_cli.flash.masks import make_band, scale_q, score_tile, tile_kind
-from osm_cli.flash.options import split_options
+from osm_cli.flash.masks import make_band, scale_q, score_tile
+from osm_cli.flash.mods import TileMod
+from osm_cli.flash.options import Hooks, Tiling, split_options
+from osm_cli.flash.plan import make_plan, walk
 from osm_cli.flash.shapes import as_bhnd, broadcast_mask, check_inputs, kv_head
 
 
@@ -31,25 +34,26 @@ def skip_map(q, k, *, block_q: int, block_k: int, opts: ScoreOptions | None = No
              **options) -> np.ndarray:
     """(n_q, n_k) booleans, True where attention skips tile (i, j) (forward order).
 
-    opts (or its fields as keywords: causal, causal_align, window, mask, layout) as attention's.
+    opts (or its fields as keywords: causal, causal_align, window, mask, mask_mod, layout) as
+    attention's.
+    """
+    return kind_map(q, k, block_q=block_q, block_k=block_k, opts=opts, **options) == "skip"
+
+
+def kind_map(q, k, *, block_q: int, block_k: int, opts: ScoreOptions | None = None,
+             **options) -> np.ndarray:
+    """(n_q, n_k) of "skip", "partial" and "full": the tile walk's kind of each (Q tile, K/V
+    tile) pair over every batch and head (plan.walk, the decision attention itself makes).
+    Example: kind_map(q, k, block_q=4, block_k=2, causal=True)[0] for t = s = 8 ->
+        ["partial", "partial", "skip", "skip"]
     """
     opts = split_options(options, opts)[0]
-    q4, k4 = as_bhnd(np.asarray(q), opts.layout, "Q"), as_bhnd(np.asarray(k), opts.layout, "K")
-    b, hq, t, _ = q4.shape
-    s = k4.shape[2]
     if block_q < 1 or block_k < 1:
         raise InputError(f"block sizes must be positive (block_q {block_q}, block_k {block_k})")
-    band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
-    um = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask), (b, hq, t, s))
-    n_q, n_k = -(-t // block_q), -(-s // block_k)
-    skip = np.zeros((n_q, n_k), dtype=bool)
-    for i in range(n_q):
-        i0, i1 = i * block_q, min(t, (i + 1) * block_q)
-        for j in range(n_k):
-            j0, j1 = j * block_k, min(s, (j + 1) * block_k)
-            tile = None if um is None else um[..., i0:i1, j0:j1]
-            skip[i, j] = tile_kind(band, tile, i0, i1, j0, j1) == "skip"
-    return skip
+    plan = make_plan(q, k, k, opts, Tiling(block_q=block_q, block_k=block_k), Hooks(), None)
+    kinds = [tile.kinds for tile in walk(plan, tuple(plan.q_starts))]
+    n_q, n_k = len(plan.q_starts), len(plan.starts)
+    return np.array(kinds, dtype=object).reshape(n_k, n_q).T.astype(str)
 
 
 def row_visits(skip: np.ndarray, t: int, block_q: int) -> int:
@@ -77,6 +81,7 @@ class HeadMap:
     s: int
     block_q: int
     block_k: int
+    partial: np.ndarray | None = None  # (n_q, n_k) True where the tile is masked (partial)
 
 
 def head_probabilities(
@@ -103,13 +108,20 @@ def head_probabilities(
     chunk = max(1, (1 << 22) // max(1, s))
     for i0 in range(0, nr if s else 0, chunk):  # no keys: nothing to normalise over
         i1 = min(nr, i0 + chunk)
+        idx = (np.array(batch), np.array(head), np.arange(i0, i1)[:, None], np.arange(s))
+        mm = None if um is None else um[batch, head, i0:i1]
+        if opts.mask_mod is not None:  # and-ed with the user's mask, as attention does
+            seen = np.broadcast_to(opts.mask_mod(*idx), (i1 - i0, s))
+            mm = seen if mm is None else mm & seen if mm.dtype.kind == "b" else np.where(
+                seen, mm, -np.inf)
         sc = score_tile(scale_q(q4[batch, head, i0:i1], scale, np.float64), kT,
-                        None if band is None else band.visible(i0, i1, 0, s),
-                        None if um is None else um[batch, head, i0:i1])
+                        None if band is None else band.visible(i0, i1, 0, s), mm,
+                        mod=None if opts.score_mod is None else TileMod(opts.score_mod, idx))
         p[i0:i1] = stable_softmax(sc)[:, :nc]
         masked[i0:i1] = np.isneginf(sc[:, :nc])
-    skip = skip_map(q, k, block_q=block_q, block_k=block_k, opts=opts)
-    return HeadMap(p, masked, skip, batch, head, t, s, block_q, block_k)
+    kinds = kind_map(q, k, block_q=block_q, block_k=block_k, opts=opts)
+    return HeadMap(p, masked, kinds == "skip", batch, head, t, s, block_q, block_k,
+                   kinds == "partial")
 
 
-__all__ = ["HeadMap", "head_probabilities", "row_visits", "skip_map"]
+__all__ = ["HeadMap", "head_probabilities", "kind_map", "row_visits", "skip_map"]
