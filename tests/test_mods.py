@@ -187,3 +187,22 @@ def test_the_tile_map_and_the_plot_show_the_three_kinds():
     assert np.array_equal(hm.masked, ~seen) and np.allclose(hm.p.sum(-1), 1, rtol=0, atol=1e-12)
     ref, _ = reference(q, k, v, ScoreOptions(score_mod=mods.softcap(2.0), mask_mod=mm))
     assert np.allclose(hm.p @ v[1, 1], ref[1, 3], rtol=0, atol=1e-12)  # head 3 reads kv head 1
+
+
+@pytest.mark.parametrize("kernel", ["fa2", "fa4", "fa4-sm100"])
+def test_presets_run_a_mask_mod(kernel):
+    """A kernel preset's emulation under mask_mod causal against its own causal band (top-left):
+    the same tiles skipped and masked, outputs within float32 rounding (the kernel's schedule,
+    FA2's split-KV and tile width, knows a causal band but not a mask_mod), the traced steps
+    marked full or partial."""
+    bf = ml_dtypes.bfloat16
+    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in _qkv(4, t=300, s=300))
+    kw = dict(kernel=kernel, trace_at=(1, 2, 200), block_k=64)
+    band = run_flash(model("bf16"), q, k, v, causal=True, causal_align="top-left", **kw)
+    mod = run_flash(model("bf16"), q, k, v, mask_mod=mods.causal(), **kw)
+    assert np.allclose(band.out, mod.out, rtol=0, atol=1e-6)
+    assert np.allclose(band.lse, mod.lse, rtol=0, atol=1e-5)
+    assert (band.tiles_computed, band.tiles_skipped) == (mod.tiles_computed, mod.tiles_skipped)
+    assert mod.tiles_partial == band.tiles_partial > 0
+    kinds = [s.kind for s in mod.trace if not s.masked and not s.sink]
+    assert "partial" in kinds and set(kinds) <= {"full", "partial"}  # FA visits them last first
