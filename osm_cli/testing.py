@@ -25,7 +25,8 @@ def assert_attention_close(
     window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
-    attn_mask=None, dtype=None, kernel: str | None = None, mma: str = "blas", q_descale=None,
+    attn_mask=None, score_mod=None, mask_mod=None,
+    dtype=None, kernel: str | None = None, mma: str = "blas", q_descale=None,
     k_descale=None, v_descale=None, grad_rule: str = "fa3", top: int = 5,
     msg: str | None = None, do=None, scale: float | None = None, window=None, mask=None,
 ) -> None:
@@ -82,7 +83,8 @@ def assert_attention_close(
         window_size=window_size if window is None else window, softcap=softcap,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
         page_table=page_table, layout=layout, kv_layout=kv_layout, causal_align=causal_align,
-        dtype=dtype, kernel=kernel, mma=mma, grad_rule=grad_rule, top=top)
+        score_mod=score_mod, mask_mod=mask_mod, dtype=dtype, kernel=kernel, mma=mma,
+        grad_rule=grad_rule, top=top)
     if rep.passed:
         return
     head = f"{msg}\n" if msg else ""

@@ -21,7 +21,8 @@ def check(
     window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
-    attn_mask=None, dtype: str | None = None, kernel: str | None = None,
+    attn_mask=None, score_mod=None, mask_mod=None,
+    dtype: str | None = None, kernel: str | None = None,
     mma: str | None = None, q_descale=None, k_descale=None, v_descale=None,
     grad_rule: str = "fa3", top: int = 5, with_model: bool = True,
 ) -> CheckReport:

@@ -29,7 +29,8 @@ def attention(
     window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
-    attn_mask=None, block_q: int | None = None, block_k: int | None = None,
+    attn_mask=None, score_mod=None, mask_mod=None,
+    block_q: int | None = None, block_k: int | None = None,
     form: str = "rescale", rescale_threshold: float | None = None, dtype: str | None = None,
     kernel: str | None = None, mma: str | None = None, q_descale=None, k_descale=None,
     v_descale=None, masked_lse: str | None = None,
@@ -115,7 +116,8 @@ def attention_reference(
     window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
-    attn_mask=None, dout=None, dtype: str | None = None,
+    attn_mask=None, score_mod=None, mask_mod=None,
+    dout=None, dtype: str | None = None,
 ) -> Reference:
     """The one-shot attention every tiled run is compared with (FlashAttention's
     `attention_ref`): float64 by default, or plain attention in `dtype`.

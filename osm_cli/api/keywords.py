@@ -28,21 +28,22 @@ from osm_cli.flash.options import ScoreOptions
 # the keywords every public function takes, in signature order (score_options' own)
 SCORE = ("softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "learnable_sink",
          "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "layout", "kv_layout",
-         "causal_align", "attn_mask")
+         "causal_align", "attn_mask", "score_mod", "mask_mod")
 
 
 def score_options(*, softmax_scale: float | None = None, causal: bool = False,
                   window_size: tuple | None = (-1, -1), softcap: float | None = 0.0,
                   alibi_slopes=None, learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   seqused_k=None, page_table=None, layout: str = "bhnd", kv_layout: str = "nhd",
-                  causal_align: str = "bottom-right", attn_mask=None) -> ScoreOptions:
+                  causal_align: str = "bottom-right", attn_mask=None, score_mod=None,
+                  mask_mod=None) -> ScoreOptions:
     """The ScoreOptions record of FlashAttention's keywords (see SCORE_DOC)."""
     return ScoreOptions(
         causal=bool(causal), scale=None if softmax_scale is None else float(softmax_scale),
         layout=layout, causal_align=causal_align, window=window(window_size), mask=attn_mask,
         softcap=softcap or None, alibi_slopes=alibi_slopes, sinks=learnable_sink,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-        page_table=page_table, kv_layout=kv_layout)
+        page_table=page_table, kv_layout=kv_layout, score_mod=score_mod, mask_mod=mask_mod)
 
 
 def scores_of(given: dict) -> ScoreOptions:
@@ -112,7 +113,13 @@ softmax_scale : float, optional
     causal_align : {"bottom-right", "top-left"}
         Where the causal diagonal sits when queries and keys differ in number.
     attn_mask : array, optional
-        Broadcast to (B, H, t, s): bool True = attend, or float added to the scores."""
+        Broadcast to (B, H, t, s): bool True = attend, or float added to the scores.
+    score_mod : callable, optional
+        FlexAttention's score_mod(score, b, h, q_idx, kv_idx) -> score, on the scaled scores
+        before the masks, called on whole tiles with broadcast index arrays (docs/score-mod.md).
+    mask_mod : callable or list of callables, optional
+        FlexAttention's mask_mod(b, h, q_idx, kv_idx) -> bool, True = attend (a list: and-ed);
+        tiles it hides are skipped, only partial ones are masked."""
 
 KERNEL_DOC = """\
 dtype : str, optional

@@ -313,7 +313,7 @@ def from_spec(spec: str, kind: str, load: Callable, function: Callable, heads: i
     standard slopes. Example: from_spec("softcap:30", "score", …).name -> "softcap:30"
     """
     table = SCORE_MODS if kind == "score" else MASK_MODS
-    flag = f"--{kind}-mod"
+    flag = f"`{kind}_mod`"  # the CLI prints it as its flag (--score-mod, --mask-mod)
     name, _, param = spec.partition(":")
     if name == "python":
         path, _, fn_name = param.rpartition(":")
