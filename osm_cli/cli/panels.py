@@ -15,7 +15,8 @@ import typer.core
 # panel -> the parameter names it groups, in the order the panels are printed
 PANELS = {
     "Scores": ("values",),
-    "Masking": ("causal", "causal_align", "window", "mask", "scale", "layout"),
+    "Masking": ("causal", "causal_align", "window", "mask", "scale", "layout", "score_mod",
+                "mask_mod"),
     "Tiling": ("block", "blocks", "block_q", "block_k", "form", "order", "seed", "splits",
                "rescale_threshold"),
     "Trace": ("row", "batch", "head", "query", "key", "seq", "show_all", "step", "explain"),
@@ -25,7 +26,7 @@ PANELS = {
                       "seqused_k", "page_table", "kv_layout", "q_descale", "k_descale",
                       "v_descale"),
     "Kernel tensors": ("o_path", "lse", "do", "dq", "dk", "dv", "dq_path", "dk_path",
-                       "dv_path"),
+                       "dv_path", "block_mask"),
     "Cost model": ("seq_len", "head_dim", "heads", "dtype_bytes", "sram"),
     "Battery": ("features", "head_dims", "arrays", "device", "backend", "budget", "cases", "rule",
                 "repeat", "replay", "max_failures", "no_shrink"),
