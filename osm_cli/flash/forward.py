@@ -236,6 +236,7 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
         tiles_skipped=counts.skipped, tiles_total=tiles_total, rescales=counts.rescales,
         masked_rows=int(np.count_nonzero(empty)), row_visits=counts.row_visits,
         trace=tuple(trace), traced=plan.traced, trace_out=trace_out,
+        tiles_partial=counts.partial,
     )
 
 
@@ -249,7 +250,7 @@ def run_fields(q, k, v, opts: ScoreOptions, masked_lse: str, scale: float | None
         masked_lse=masked_lse, mask=mask_about(None if opts.mask is None else
                                                np.asarray(opts.mask)),
         softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
-        tiles_partial=counts.partial, mods=about_mods(opts),
+        mods=about_mods(opts),
     )
 
 
@@ -284,7 +285,7 @@ def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_ls
         for st in traced.trace)
     total = {name: sum(getattr(p, name) for p in parts) for name in (
         "tiles_computed", "tiles_skipped", "rescales", "masked_rows", "tiles_total",
-        "row_visits")}
+        "row_visits", "tiles_partial")}
     return Attention(
         out=out, lse=lse, **{**run_fields(q, k, v, opts, masked_lse), "align": "bottom-right"},
         block_q=first.block_q if first else 0, block_k=first.block_k if first else 0,
