@@ -8,7 +8,8 @@ Example: check(o, q, k, v, "fp16", lse=lse, causal=True).verdict.passed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from osm_cli.flash.shapes import as_bhnd
 from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
 from .kernels import run_flash
 from .model import model, plain
+from .names import CHECK_RULES, LSE_BASES
 from .presets import default_kernel, preset_refusals
 from .rule import Verdict, judged, lse_errors, max_abs
 
@@ -59,11 +61,28 @@ class CheckReport:
     grads: tuple = ()  # gradcheck.GradCheck per gradient judged (dq, dk, dv given)
     kernel: str | None = None  # the preset whose model ran beside (presets.py); None: no model
     mma: str = "blas"  # how the model's matmuls rounded (emulate.MMAS)
+    rule: str = "fa"  # the rule that gave the verdicts (names.CHECK_RULES)
+    lse_base: str = "e"  # the base the kernel's LSE was read in
+    tensors: tuple = ()  # diagnose.TensorVerdict per judged tensor (out, lse, dq, dk, dv)
+    model_lse_err: float | None = None  # max |LSE − ref64| of osm's model of the kernel
+    bias: tuple = ()  # strict.HeadBias per head, the most significant first
+    no_key_rows: int = 0  # query rows that see no key (their output must be exactly 0)
+    probe: object = None  # probe.Probe, run when a tensor fails (None: not run)
+    tile_map: object = None  # locate.TileMap of the traced failing head (None: none)
+    other_rules: tuple = ()  # strict.OtherRule per (rule, tensor), with rules_table
+    varlen: bool = False  # rows are (sequence, query) of a varlen batch: batch is the sequence
 
     @property
     def passed(self) -> bool:
-        """The output, its LSE and every gradient judged pass."""
+        """Every judged tensor passes under the chosen rule (FlashAttention's by default)."""
+        if self.tensors:
+            return all(t.passed for t in self.tensors)
         return self.verdict.passed and all(g.rule.passed for g in self.grads)
+
+    @property
+    def failures(self) -> tuple:
+        """The tensors that fail, in the order out, lse, dq, dk, dv."""
+        return tuple(t for t in self.tensors if not t.passed)
 
     @property
     def worst_grad(self):
@@ -85,7 +104,8 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
 
 def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, top: int = 5,
           with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
-          kernel: str | None = None, mma: str = "blas", descale=None,
+          kernel: str | None = None, mma: str = "blas", descale=None, rule: str = "fa",
+          lse_base: str = "e", probe: bool = True, rules_table: bool = False,
           **options) -> CheckReport:
     """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
 
@@ -96,8 +116,22 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its
     matmuls round (emulate.MMAS). descale (emulate.Descale, FP8): q, k, v hold x / descale;
     the reference and plain attention see x, the model takes the factors as the kernel does.
+    rule: "fa" (FlashAttention's, the default) or "model" (error ≤ 1.25× osm's model of the
+    kernel, and no head biased) decides each tensor's verdict; a row that sees no key must be
+    exactly 0 under both. lse_base: "e" or "2", the base of the kernel's LSE. probe: on a
+    failure, try the other conventions on the failing heads (probe.py) and locate the failing
+    rows (locate.py). rules_table: also say what other projects' tolerance rules would.
     Example: check(o, q, k, v, "fp16", lse=lse, causal=True).passed
     """
+    from .diagnose import diagnose
+
+    if rule not in CHECK_RULES:
+        raise OsmError(f"rule must be one of {', '.join(CHECK_RULES)}, not {rule!r}")
+    if str(lse_base) not in LSE_BASES:
+        raise OsmError(f"lse_base must be one of {', '.join(LSE_BASES)}, not {lse_base!r}")
+    if rule == "model" and not with_model:
+        raise OsmError("rule model judges against osm's model of the kernel; it needs the "
+                       "model (with_model)")
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     kname = kernel or default_kernel(dtype_name(dt), opts)
@@ -122,26 +156,37 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
                        f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
     if lse is not None:
         lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
+        if str(lse_base) == "2":
+            lse = np.asarray(lse, dtype=np.float64) * math.log(2.0)
     pt, pt_lse = plain(eq, ek, ev, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
     verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
-    model_err, name = None, None
+    del pt
+    model_err, name, mres = None, None, None
     if with_model:
         m, name = model(dtype_name(dt)), kname
         extra = {} if name == "tiles" else {"mma": mma, "descale": descale}
-        model_err = max_abs(run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts,
-                                       **extra).out - ref)
-    rows, heads, over = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view_of(opts), top)
+        mres = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
+        model_err = max_abs(mres.out - ref)
+    view = view_of(opts)
+    failing_lse = lse is not None and verdict.lse is not None and not verdict.lse.passed
+    rows, heads, over, row_err = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view, top,
+                                       by_lse=failing_lse and verdict.rule.passed)
     grads = ()
     if given:
         from .gradcheck import check_grads  # the backward's reference, only when judged
 
         grads = check_grads(q, k, v, rounded[3], dt, given, opts, top=top,
                             with_model=with_model, rule=grad_rule, kernel=name, mma=mma)
-    return CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
-                       int(np.count_nonzero(over)), int(over.size),
-                       "" if verdict.passed else _hint(out, dt), grads, name, mma)
+    rep = CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
+                      int(np.count_nonzero(over)), int(over.size),
+                      "" if verdict.passed else _hint(out, dt), grads, name, mma)
+    diag = diagnose(rep, out=out, ref=ref, ref_d=ref_d, ref_lse=ref_lse, lse=lse,
+                    lse_err=lse_err, row_err=row_err, model=mres, q=eq, k=ek, v=ev, opts=opts,
+                    dt=dt, rule=rule, probe=probe, rules_table=rules_table,
+                    blocks_known=kernel is not None, given=given)
+    return replace(rep, rule=rule, lse_base=str(lse_base), **diag)
 
 
 def descaled_inputs(q, k, v, descale, opts: ScoreOptions):
@@ -172,10 +217,11 @@ def descaled_inputs(q, k, v, descale, opts: ScoreOptions):
     return tuple(outs)
 
 
-def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
-    """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), and
-    which rows are over the rule's bound (NaN counts as over). out may be a gradient too (dK's
-    rows are keys)."""
+def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: bool = False):
+    """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), which
+    rows are over the rule's bound (NaN counts as over), and every row's error. out may be a
+    gradient too (dK's rows are keys). by_lse: rows ranked by their LSE error (the LSE fails,
+    the output does not)."""
     ref_rows = rows_view(ref_d, layout)
     diff = np.abs(rows_view(out, layout).astype(np.float64) - ref_rows)
     row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
@@ -185,7 +231,8 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
         lse_view = "bhnd" if layout == "bnhd" else layout  # the LSE is (B, H, t) for both
         lse_err = rows_view(lse_err[..., None], lse_view, lse=True)[..., 0]
     over = ~(row_err <= bound)
-    rank = np.where(np.isnan(row_err), np.inf, row_err).ravel()
+    key = lse_err if by_lse and lse_err is not None else row_err
+    rank = np.where(np.isnan(key), np.inf, key).ravel()
     rows = []
     for flat in np.argsort(-rank, kind="stable")[:top]:
         b, h, i = (int(x) for x in np.unravel_index(int(flat), row_err.shape))
@@ -197,7 +244,7 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int):
     for flat in np.argsort(-head_err.ravel(), kind="stable")[:top]:
         b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
         heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
-    return tuple(rows), tuple(heads), over
+    return tuple(rows), tuple(heads), over, row_err
 
 
 def view_of(opts: ScoreOptions, x: str = "q") -> str:

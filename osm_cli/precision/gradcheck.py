@@ -12,7 +12,7 @@ Example: check_grads(q, k, v, do, DTYPES["bfloat16"], {"dq": dq}, ScoreOptions()
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +45,8 @@ class GradCheck:
     heads: tuple  # check.HeadError
     rows_over: int
     total_rows: int
+    row_err: np.ndarray | None = field(default=None, repr=False, compare=False)  # (B, H, rows)
+    ref_d: np.ndarray | None = field(default=None, repr=False, compare=False)  # ref in the dtype
 
     @property
     def label(self) -> str:
@@ -88,13 +90,13 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
         ref = refs[name]
         ref_d = round_to(ref, dt, np.float64)
         r = _fa_rule(g, ref_d, pts[name], dt, GRAD_RULES[rule])
-        rows, heads, over = worst(g, ref_d, None, r.bound, dt,
-                                  view_of(opts, "q" if name == "dq" else "k"), top)
+        rows, heads, over, row_err = worst(g, ref_d, None, r.bound, dt,
+                                           view_of(opts, "q" if name == "dq" else "k"), top)
         out.append(GradCheck(
             name, r, max_abs(np.asarray(g, dtype=np.float64) - ref),
             max_abs(np.asarray(pts[name], dtype=np.float64) - ref),
             None if mod is None else max_abs(mod[name] - ref), rows, heads,
-            int(np.count_nonzero(over)), int(over.size)))
+            int(np.count_nonzero(over)), int(over.size), row_err, ref_d))
     return tuple(out)
 
 

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Group
 from rich.text import Text
 
+from . import diagnosis
 from .format import Table, kv_table, num, pass_fail
 
 
@@ -75,18 +76,32 @@ def precision_summary(model, notes, verdict) -> Table:
     return kv_table(rows)
 
 
-def check_report(rep, name: str, top: int) -> Group:
-    """osm check: the verdict, then the worst rows and heads against the dtype-rounded reference."""
+def check_report(rep, name: str, top: int, flags: bool = True) -> Group:
+    """osm check: the verdicts, one per tensor, what failed where and which convention fits,
+    then the worst rows (of the failing tensor) and heads against the dtype-rounded reference.
+    flags: the probe's advice as --flags (the CLI) or keywords (the Python API)."""
     v = rep.verdict
     head = Text(f"{name}: shape {rep.shape}, judged as {v.dtype} against the float64 reference "
                 f"of the {v.dtype}-rounded Q, K, V")
-    t = kv_table([("inputs", rounding_text(rep.notes)),
-                   *_verdict_rows(v, rep.model_err, "the kernel", rep.kernel),
-                   ("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
-                   ("verdict", pass_fail(v.passed))])
-    rows = Table(title=f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's "
-                 "largest |ref|)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for c in ("batch", "head", "query", "max |out − ref|", "ulps", "|LSE − ref|"):
+    rows_kv = [("inputs", rounding_text(rep.notes)),
+               *_verdict_rows(v, rep.model_err, "the kernel", rep.kernel)]
+    if rep.model_lse_err is not None and v.lse is not None:
+        rel = f"  ({v.lse_err / rep.model_lse_err:.3g}× the model)" if rep.model_lse_err else ""
+        rows_kv.append(("max |LSE − ref64|, model", Text.assemble(num(rep.model_lse_err, 3),
+                                                                   rel)))
+    if rep.no_key_rows:
+        rows_kv.append(("rows that see no key", f"{rep.no_key_rows} (output must be exactly 0)"))
+    fwd = [t for t in rep.tensors if t.tensor in ("out", "lse")]
+    rows_kv += [("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
+                ("verdict", pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
+    t = kv_table(rows_kv)
+    ranked = next((x.tensor for x in rep.failures if x.tensor in ("out", "lse")), "out")
+    by = " ranked by LSE error" if ranked == "lse" else ""
+    rows = Table(title=f"worst {min(top, len(rep.rows))} rows{by} (ulp of {v.dtype} at the "
+                 "row's largest |ref|)", box=box.SIMPLE_HEAD, title_justify="left",
+                 pad_edge=False)
+    for c in ("sequence" if rep.varlen else "batch", "head", "query", "max |out − ref|",
+              "ulps", "|LSE − ref|"):
         rows.add_column(c, justify="right")
     for r in rep.rows:
         err = num(r.err, 3)
@@ -99,11 +114,20 @@ def check_report(rep, name: str, top: int) -> Group:
         heads.add_column(c, justify="right")
     for h in rep.heads:
         heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
-    parts = [head, t, rows, heads]
+    parts = [head, t]
+    if rep.tensors:
+        parts.append(diagnosis.tensor_table(rep))
+        parts += diagnosis.failure_lines(rep, flags)
+        bias = diagnosis.bias_line(rep)
+        if bias is not None:
+            parts.append(bias)
+    parts += [rows, heads]
     if rep.hint:
         parts.append(Text(rep.hint, style="yellow"))
     if rep.grads:
         parts += grads_report(rep, top)
+    if rep.other_rules:
+        parts.append(diagnosis.rules_table(rep))
     return Group(*parts)
 
 
@@ -142,23 +166,48 @@ def grads_report(rep, top: int) -> list:
                  f"{v.dtype}-rounded Q, K, V, dO"), t, worst, heads]
 
 
-def fail_line(rep) -> str:
-    """The one line `osm check` prints on stderr when a kernel fails (a CheckReport)."""
+def fail_line(rep, flags: bool = True) -> str:
+    """The one line `osm check` prints on stderr when a kernel fails (a CheckReport): each
+    failing tensor's rule, where it fails, and the convention it fits."""
     v, parts = rep.verdict, []
-    if not v.rule.passed:
-        r = v.rule
-        parts.append(f"max|out − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
-                     f"{r.bound:.3g} ({v.dtype}); {rep.rows_over} of {rep.total_rows} rows "
-                     "over the bound")
-    if v.lse is not None and not v.lse.passed:
-        r = v.lse
-        parts.append(f"max|lse − ref| = {r.err:.3g} > 2·{r.pt_err:.3g} + 2·{r.rounding:.3g} = "
-                     f"{r.bound:.3g}")
+    fails = {t.tensor: t for t in rep.failures} if rep.tensors else None
+
+    def extra(name: str) -> str:
+        t = None if fails is None else fails.get(name)
+        if t is None:
+            return ""
+        s = "".join(f"; {r}" for r in t.reasons)
+        s += f"; where: {t.where}" if t.where else ""
+        if t.findings:
+            s += f"; probe: {diagnosis.advice(t.findings[0], flags)}"
+        return s
+
+    def failing(name: str, fa_failed: bool) -> bool:
+        return fa_failed if fails is None else name in fails
+
+    def judged(name: str, fa):
+        return fa if fails is None or name not in fails else fails[name].judged
+
+    if failing("out", not v.rule.passed):
+        r = judged("out", v.rule)
+        parts.append(f"max|out − ref| = {r.err:.3g} {'>' if not r.passed else '≤'} "
+                     f"{_terms(r)} = {r.bound:.3g} ({v.dtype}); {rep.rows_over} of "
+                     f"{rep.total_rows} rows over the bound" + extra("out"))
+    if v.lse is not None and failing("lse", not v.lse.passed):
+        r = judged("lse", v.lse)
+        parts.append(f"max|lse − ref| = {r.err:.3g} > {_terms(r)} = {r.bound:.3g}"
+                     + extra("lse"))
     for g in rep.grads:
-        if not g.rule.passed:
-            r = g.rule
+        if failing(g.name, not g.rule.passed):
+            r = judged(g.name, g.rule)
             h = g.heads[0] if g.heads else None
             where = f", worst head {h.head} of batch {h.batch}" if h else ""
             parts.append(f"max|{g.label} − ref| = {r.err:.3g} > {r.bound:.3g}; {g.rows_over} of "
-                         f"{g.total_rows} rows over the bound{where}")
+                         f"{g.total_rows} rows over the bound{where}" + extra(g.name))
     return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")
+
+
+def _terms(r) -> str:
+    """The bound's terms as the rule writes them: 2·pt + 2·rounding, or 1.25·model."""
+    terms = [f"{k:g}·{x:.3g}" for k, x in ((r.k_pt, r.pt_err), (r.k_round, r.rounding)) if k]
+    return " + ".join(terms) or f"{r.bound:.3g}"

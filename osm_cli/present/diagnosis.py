@@ -1,0 +1,130 @@
+"""osm check's diagnosis as text: one verdict line per tensor, and for each failing tensor
+where it fails, which convention it fits and the tile map; the per-head bias; the other
+projects' rules (--rules-table). Records in (precision/diagnose.py, probe.py, locate.py,
+strict.py), renderables and strings out.
+
+Leaves out: judging (precision/), FlashAttention's rule lines (verdicts.py).
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.text import Text
+
+from .format import Table, num, pass_fail
+
+LABELS = {"out": "out", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV", "dsink": "dsink"}
+FLAGS = {"lse_base": "--lse-base", "causal_align": "--causal-align", "causal": "--causal",
+         "scale": "--scale", "layout": "--layout"}
+
+
+def advice(f, flags: bool = True) -> str:
+    """A finding's message with its option as a flag (the CLI) or a keyword (the API)."""
+    if not f.option:
+        return f.message.replace(": {option} if", ": pass it if")
+    name, value = f.option
+    if flags:
+        opt = FLAGS.get(name, "--" + name.replace("_", "-"))
+        said = opt if value is True else f"{opt} {value:.6g}" if isinstance(value, float) \
+            else f"{opt} {value}"
+    else:
+        said = f"{name}={value!r}"
+    return f.message.replace("{option}", f"pass {said}")
+
+
+def tensor_table(rep) -> Table:
+    """One row per judged tensor: the rule, max error, bound, verdict and where it fails."""
+    t = Table(title=f"verdicts (rule {rep.rule})", box=box.SIMPLE_HEAD, title_justify="left",
+              pad_edge=False)
+    for c, j in (("tensor", "left"), ("max error", "right"), ("bound", "right"),
+                 ("verdict", "left"), ("where", "left")):
+        t.add_column(c, justify=j)
+    for v in rep.tensors:
+        where = v.where if not v.passed else ""
+        if v.reasons:
+            where = "; ".join([*v.reasons, *([where] if where else [])])
+        t.add_row(LABELS[v.tensor], num(v.judged.err, 3), num(v.judged.bound, 3),
+                  pass_fail(v.passed), where)
+    return t
+
+
+def failure_lines(rep, flags: bool = True) -> list[Text]:
+    """Per failing tensor: what the probe found, or that nothing it tried fits."""
+    lines = []
+    for v in rep.failures:
+        tried = 0 if rep.probe is None else sum(f.tensor == v.tensor for f in rep.probe.tried)
+        for f in v.findings:
+            lines.append(Text(f"{LABELS[v.tensor]}: {advice(f, flags)}", style="yellow"))
+        if not v.findings and tried:
+            lines.append(Text(f"{LABELS[v.tensor]}: none of the {tried} other conventions "
+                              "tried fits (a bug, not a convention)"))
+    if rep.tile_map is not None:
+        lines += tile_map_lines(rep.tile_map)
+    return lines
+
+
+def tile_map_lines(m) -> list[Text]:
+    """The tile map: a Q tile per line, a K/V tile per column."""
+    head = Text(f"tile map of head {m.head}, batch {m.batch} (Q tiles of {m.block_q} rows down, "
+                f"K/V tiles of {m.block_k} across; # the K/V tile that explains the error, "
+                "~ failing with no single K/V tile to blame, . fine, blank skipped)")
+    rows = [Text(f"{i:>4} {row}") for i, row in enumerate(m.marks)]
+    return [head, *rows, *(Text(p) for p in m.patterns)]
+
+
+def bias_line(rep) -> Text | None:
+    """The most significant per-head bias, and how many heads are flagged."""
+    if not rep.bias:
+        return None
+    b = rep.bias[0]
+    flagged = sum(x.flagged for x in rep.bias)
+    sig = f"{abs(b.bias) / b.sigma:.3g}σ" if b.sigma else "exact"
+    model = "" if b.model_bias is None else f", model {b.model_bias:+.2g}"
+    line = Text(f"per-head bias of (out − ref): largest head {b.head} of batch {b.batch}, "
+                f"{b.bias:+.2g} ({sig}{model})")
+    if flagged:
+        line.append(f"; {flagged} head{'s' if flagged > 1 else ''} flagged (a scale bug? "
+                    "--rule model fails them)", style="yellow")
+    return line
+
+
+def rules_table(rep) -> Table:
+    """What other projects' tolerance rules say on the same tensors (--rules-table)."""
+    tensors = list(dict.fromkeys(r.tensor for r in rep.other_rules))
+    t = Table(title="other rules on the same tensors (failing elements)", box=box.SIMPLE_HEAD,
+              title_justify="left", pad_edge=False)
+    t.add_column("rule")
+    for n in tensors:
+        t.add_column(LABELS[n], justify="right")
+    fa = {v.tensor: v.fa for v in rep.tensors}
+    t.add_row("FlashAttention's rule (osm's default)",
+              *[pass_fail(fa[n].passed) if fa.get(n) is not None else "" for n in tensors])
+    for name in dict.fromkeys(r.rule for r in rep.other_rules):
+        cells = []
+        for n in tensors:
+            r = next(x for x in rep.other_rules if x.rule == name and x.tensor == n)
+            cells.append("n/a" if r.passed is None else
+                         Text.assemble(pass_fail(r.passed), f" ({r.failing})" if r.failing else ""))
+        t.add_row(name, *cells)
+    return t
+
+
+def failures_text(rep, flags: bool = True) -> str:
+    """Plain text of the failures, one line each: tensor, rule, error, bound, where, probe."""
+    parts = []
+    for v in rep.failures:
+        r = v.judged
+        line = (f"{LABELS[v.tensor]} fails rule {v.rule}: max error {r.err:.3g} "
+                f"{'>' if r.err > r.bound else '≤'} {r.bound:.3g}")
+        if v.reasons:
+            line += "; " + "; ".join(v.reasons)
+        if v.where:
+            line += f"; where: {v.where}"
+        if v.findings:
+            line += "; probe: " + " / ".join(advice(f, flags) for f in v.findings)
+        parts.append(line)
+    return "\n".join(parts)
+
+
+__all__ = ["advice", "bias_line", "failure_lines", "failures_text", "rules_table",
+           "tensor_table", "tile_map_lines"]
