@@ -20,7 +20,8 @@ from osm_cli.attention.options import default_blocks
 from osm_cli.attention.shapes import as_bhnd, kv_head
 
 from .locate import BLOCKS, Location, locate, tile_map
-from .probe import Case, Finding, probe as run_probe
+from .probe import Case, Finding
+from .probe import probe as run_probe
 from .rule import Rule, lse_errors, max_abs
 from .strict import head_bias, model_rule, nonzero_masked, other_rules
 
@@ -67,7 +68,7 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
              dt, rule: str, probe: bool, rules_table: bool, blocks_known: bool,
              given: dict) -> dict:
     """CheckReport's fields beyond FlashAttention's verdict (see check.check)."""
-    from .check import RowError, rows_view, view_of
+    from .check import rows_view, view_of
 
     view = view_of(opts)
     out4 = rows_view(out, view)
