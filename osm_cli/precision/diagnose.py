@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from osm_cli.attention.masks import make_band
-from osm_cli.attention.options import default_blocks
-from osm_cli.attention.shapes import as_bhnd, kv_head
+from osm_cli.flash.masks import make_band
+from osm_cli.flash.options import default_blocks
+from osm_cli.flash.shapes import as_bhnd, kv_head
 
 from .locate import BLOCKS, Location, locate, tile_map
 from .probe import Case, Finding

@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from osm_cli.attention.masks import make_band
-from osm_cli.attention.options import ScoreOptions
-from osm_cli.attention.plan import per_head
-from osm_cli.attention.reference import reference
-from osm_cli.attention.shapes import broadcast_mask, kv_head
+from osm_cli.flash.masks import make_band
+from osm_cli.flash.options import ScoreOptions
+from osm_cli.flash.plan import per_head
+from osm_cli.flash.reference import reference
+from osm_cli.flash.shapes import broadcast_mask, kv_head
 from osm_cli.errors import OsmError
 
 from .names import LSE_BASES
