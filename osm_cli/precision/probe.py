@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from osm_cli.errors import OsmError
 from osm_cli.flash.masks import make_band
 from osm_cli.flash.options import ScoreOptions
 from osm_cli.flash.plan import per_head
 from osm_cli.flash.reference import reference
 from osm_cli.flash.shapes import broadcast_mask, kv_head
-from osm_cli.errors import OsmError
 
 from .names import LSE_BASES
 
@@ -309,13 +309,13 @@ def _scaled(case: Case, tensor: str, hs) -> list[Finding]:
         c = float((g[f] * r[f]).sum()) / rr
         if abs(c - 1) < 1e-6:
             continue
-        label = {"out": "output", "lse": "LSE"}.get(tensor, tensor)
+        label = {"out": "output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}[tensor]
         why = ""
         p = 1 - 1 / c if c > 1 else None
         if p is not None and abs(p * 20 - round(p * 20)) < 0.02 and round(p * 20):
             why = f"; dropout's 1/(1 − p) for p = {round(p * 20) / 20:g}?"
         out.append(_fit(tensor, "scaled", g[f], c * r[f], r[f], bound,
-                        f"the kernel's {label} in head {h} of batch {b} is {c:.6g}× osm's "
+                        f"the kernel's {label} in head {h} of batch {b} is {c:.4g}× osm's "
                         f"(max diff after scaling {{diff}}): a factor applied twice or "
                         f"missed{why}"))
     return out

@@ -1,0 +1,246 @@
+"""osm check names the bug (issue 22): on the planted-bug kernels of tests/kernels/planted.py
+each check FAILs under the rule its bug calls for and the report names the convention the
+kernel fits (the probe) or where it fails (the localisation); the correct kernels never FAIL.
+
+Kernels take FlashAttention's (B, N, H, d) and return its (B, H, N) LSE; the inputs are bf16
+(fp16 where said), small enough to run in a second each.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from osm_cli.precision.check import check
+from osm_cli.present.diagnosis import advice, failures_text
+from tests.kernels.planted import flash, planted
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _inputs(t=256, s=256, h=4, hk=4, d=64, dtype=BF16, seed=0, b=1):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, t, h, d)).astype(dtype)
+    k = rng.standard_normal((b, s, hk, d)).astype(dtype)
+    v = rng.standard_normal((b, s, hk, d)).astype(dtype)
+    return q, k, v
+
+
+def _judge(kernel, q, k, v, *, rule="fa", **kw):
+    """Run `kernel` on q, k, v with FlashAttention's keywords and judge it (layout bnhd)."""
+    fa = {n: kw[n] for n in ("causal", "softcap", "cu_seqlens_q", "cu_seqlens_k") if n in kw}
+    out, lse = kernel(q, k, v, **fa)
+    osm = {("window" if n == "window_size" else n): x for n, x in kw.items()}
+    if osm.get("softcap") == 0.0:
+        osm.pop("softcap")
+    return check(out, q, k, v, "bf16" if q.dtype == BF16 else q.dtype, lse=lse, rule=rule,
+                 layout="bnhd", **osm)
+
+
+def _tensor(rep, name):
+    return next(t for t in rep.tensors if t.tensor == name)
+
+
+def _messages(rep, name):
+    return [advice(f) for f in _tensor(rep, name).findings]
+
+
+@pytest.mark.parametrize("case", [
+    {}, {"causal": True}, {"hk": 2, "causal": True}, {"t": 192, "s": 320, "causal": True},
+    {"softcap": 20.0, "causal": True}])
+def test_correct_kernels_pass_both_rules(case):
+    """The blockwise online-softmax kernel (GQA, causal with t ≠ s, softcap) passes fa and
+    model: no false positive, no flagged head."""
+    shape = {n: case[n] for n in ("t", "s", "hk") if n in case}
+    q, k, v = _inputs(**shape)
+    kw = {n: x for n, x in case.items() if n not in shape}
+    for rule in ("fa", "model"):
+        rep = _judge(flash, q, k, v, rule=rule, **kw)
+        assert rep.passed, (rule, failures_text(rep))
+        assert [t.tensor for t in rep.tensors] == ["out", "lse"]
+        assert not any(b.flagged for b in rep.bias)
+
+
+def test_correct_varlen_kernel_passes():
+    rng = np.random.default_rng(3)
+    cu = np.array([0, 70, 70, 200, 256], np.int32)
+    q, k, v = (rng.standard_normal((256, 4, 32)).astype(BF16) for _ in range(3))
+    out, lse = flash(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    rep = check(out, q, k, v, "bf16", lse=lse, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert rep.passed and not rep.failures
+
+
+def test_lse_base2_named():
+    """FlashInfer's and Triton's base-2 LSE: the LSE fails, the output passes, and the probe
+    says base 2 with the flag that states it; with --lse-base 2 it passes."""
+    q, k, v = _inputs()
+    rep = _judge(planted("lse_base2"), q, k, v, causal=True)
+    assert not rep.passed and [t.tensor for t in rep.failures] == ["lse"]
+    msgs = _messages(rep, "lse")
+    assert any("LSE matches osm's in base 2" in m and "pass --lse-base 2 if that is its "
+               "convention" in m for m in msgs), msgs
+    assert "ranked by LSE" in "" or rep.rows[0].lse_err > _tensor(rep, "lse").judged.bound
+    out, lse = planted("lse_base2")(q, k, v, causal=True)
+    assert check(out, q, k, v, "bf16", lse=lse, causal=True, layout="bnhd",
+                 lse_base="2").passed
+
+
+def test_causal_topleft_named():
+    q, k, v = _inputs(t=128, s=320)
+    rep = _judge(planted("causal_topleft"), q, k, v, causal=True)
+    assert not _tensor(rep, "out").passed
+    assert any("aligned top-left" in m and "--causal-align top-left" in m
+               for m in _messages(rep, "out")), _messages(rep, "out")
+
+
+def test_scale_1_over_d_named():
+    q, k, v = _inputs()
+    rep = _judge(planted("scale_1_over_d"), q, k, v, causal=True)
+    assert any("scale 1/d = 0.015625" in m and "--scale 0.015625" in m
+               for m in _messages(rep, "out")), _messages(rep, "out")
+
+
+def test_gqa_mod_named():
+    q, k, v = _inputs(h=8, hk=2)
+    rep = _judge(planted("gqa_mod"), q, k, v, causal=True)
+    out = _tensor(rep, "out")
+    assert not out.passed
+    assert any("head map h % 2" in m and "h // 4" in m for m in _messages(rep, "out"))
+    # heads 0, 2, 5, 7 read the right kv head by chance (h % 2 = h // 4)
+    assert out.location.patterns[-1] == "heads 1, 3–4, 6 of 8"
+
+
+def test_softcap_after_mask_named():
+    q, k, v = _inputs()
+    rep = _judge(planted("softcap_after_mask"), q, k, v, causal=True, softcap=5.0)
+    assert any("softcap applied after the mask" in m for m in _messages(rep, "out"))
+
+
+def test_layout_transposed_named():
+    """A kernel given (B, H, N, d) arrays that reads them as FlashAttention's (B, N, H, d)."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 4, 96, 32)).astype(BF16) for _ in range(3))
+    out, _ = flash(q, k, v)  # reads axis 1 as the sequence
+    rep = check(out, q, k, v, "bf16")  # judged as the bhnd arrays they are
+    assert any("read as (B, N, H, d)" in m and "--layout bnhd" in m
+               for m in _messages(rep, "out")), _messages(rep, "out")
+
+
+def test_double_count_located():
+    """The first K/V tile counted twice on every other Q tile of 64 rows: located as such,
+    and the tile map blames K/V tile 0 on Q tiles 1, 3, 5, …"""
+    q, k, v = _inputs(t=512, s=512, h=2, hk=2)
+    rep = _judge(planted("double_count"), q, k, v)
+    out = _tensor(rep, "out")
+    assert not out.passed
+    assert out.location.block == 64 and out.location.tiles == (1, 3, 5, 7)
+    assert out.location.patterns[0].startswith("every other Q tile of 64 rows (tiles 1, 3, 5")
+    m = rep.tile_map
+    assert m.block_k == 64 and m.explained == ((1, 0), (3, 0), (5, 0), (7, 0))
+    assert m.marks[1] == "#......." and m.marks[0] == "........"
+    assert m.patterns == ("the first K/V tile of 64 rows explains the error",)
+
+
+def test_last_tile_drop_located():
+    q, k, v = _inputs(t=256, s=320, h=2, hk=2)
+    rep = _judge(planted("last_tile_drop"), q, k, v)
+    assert not rep.passed
+    assert rep.tile_map.patterns == ("the last K/V tile of 64 rows (tile 4) explains the error",)
+    assert {j for _, j in rep.tile_map.explained} == {4}
+
+
+def test_bf16_accumulation_fails_model_rule_only():
+    """O accumulated in bf16 passes FlashAttention's rule and fails the model rule."""
+    q, k, v = _inputs(t=512, s=512, h=2, hk=2)
+    assert _judge(planted("bf16_accumulation"), q, k, v, causal=True).passed
+    rep = _judge(planted("bf16_accumulation"), q, k, v, causal=True, rule="model")
+    out = _tensor(rep, "out")
+    assert not out.passed and out.judged.err > 1.25 * rep.model_err
+    assert out.rule == "model" and "1.25× osm's fa2 model" in out.judged.note
+
+
+def test_head_scale_flagged_and_fails_model_rule():
+    """Head 1 × 1.001: the bias statistic flags exactly that head under both rules; the
+    model rule fails it and says so."""
+    q, k, v = _inputs(t=512, s=512, h=4, hk=4)
+    fa = _judge(planted("head_scale"), q, k, v, causal=True)
+    assert fa.passed
+    flagged = [(b.batch, b.head) for b in fa.bias if b.flagged]
+    assert flagged == [(0, 1)]
+    assert 0.0008 < fa.bias[0].bias < 0.0012
+    rep = _judge(planted("head_scale"), q, k, v, causal=True, rule="model")
+    out = _tensor(rep, "out")
+    assert not out.passed
+    assert out.reasons and out.reasons[0].startswith("head 1 of batch 0 biased +0.00099")
+    assert out.location.patterns[-1] == "head 1 of 4"
+
+
+def test_masked_rows_fail_every_rule():
+    """Rows that see no key must be exactly 0: the mean of V fails under fa and model, located
+    as those rows."""
+    q, k, v = _inputs(t=256, s=128)  # bottom-right causal: the first 128 rows see no key
+    for rule in ("fa", "model"):
+        rep = _judge(planted("masked_rows"), q, k, v, causal=True, rule=rule)
+        out = _tensor(rep, "out")
+        assert not out.passed
+        assert out.reasons[0] == "512 of 512 rows that see no key are not exactly 0"
+        assert out.location.patterns[0] == "rows that see no key (512 of 512 such rows)"
+    assert rep.no_key_rows == 512
+
+
+def test_dq_head_located():
+    """dQ of head 0 × 1.1: dQ alone fails; head 0 named, and the factor found."""
+    q, k, v = _inputs(t=128, s=128, h=4, hk=4, d=32)
+    kern = planted("dq_head")
+    out, lse = kern(q, k, v, causal=True)
+    dout = np.random.default_rng(9).standard_normal(out.shape).astype(BF16)
+    dq, dk, dv = kern.osm_backward(q, k, v, out, lse, dout, causal=True)
+    rep = check(out, q, k, v, "bf16", lse=lse, do=dout, dq=dq, dk=dk, dv=dv, causal=True,
+                layout="bnhd")
+    assert [t.tensor for t in rep.failures] == ["dq"]
+    dqv = _tensor(rep, "dq")
+    assert dqv.location.patterns[-1] == "head 0 of 4"
+    assert any("dQ in head 0 of batch 0 is 1.1" in advice(f) for f in dqv.findings)
+
+
+def test_varlen_shift_located_by_sequence():
+    rng = np.random.default_rng(4)
+    cu = np.array([0, 100, 180, 256], np.int32)
+    q, k, v = (rng.standard_normal((256, 2, 32)).astype(BF16) for _ in range(3))
+    out, lse = planted("varlen_shift")(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    rep = check(out, q, k, v, "bf16", lse=lse, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    out_v = _tensor(rep, "out")
+    assert not out_v.passed
+    assert out_v.location.sequences[0] == 0 and rep.varlen
+    assert out_v.location.patterns[0].startswith("sequences 0–2 of 3")
+    assert rep.rows[0].batch in (0, 1, 2) and rep.rows[0].query < 100
+
+
+def test_probe_never_passes_a_failure():
+    """A convention found leaves the verdict FAIL: only the user's option changes it."""
+    q, k, v = _inputs()
+    rep = _judge(planted("scale_1_over_d"), q, k, v, causal=True)
+    assert rep.probe.found and not rep.passed
+
+
+def test_fail_text_names_rule_where_and_probe():
+    q, k, v = _inputs()
+    text = failures_text(_judge(planted("lse_base2"), q, k, v, causal=True))
+    assert text.startswith("LSE fails rule fa: max error ")
+    assert "; where: every query row; every head (4); probe: the kernel's LSE matches" in text
+
+
+def test_rules_table_numbers():
+    """What the other projects' rules say of the same bf16 output: torch's defaults pass the
+    correct kernel, atol 1e-2 too; the base-2 LSE fails them all."""
+    q, k, v = _inputs()
+    out, lse = flash(q, k, v, causal=True)
+    rep = check(out, q, k, v, "bf16", lse=lse * np.float32(1 / math.log(2)), causal=True,
+                layout="bnhd", rules_table=True)
+    said = {(r.rule, r.tensor): r.passed for r in rep.other_rules}
+    assert said[("atol 1e-2 (Triton's tutorial)", "out")] is True
+    assert said[("KernelBench allclose (0.01)", "lse")] is False
+    assert said[("flashinfer-bench matched ratio ≥ 0.95", "lse")] is False
