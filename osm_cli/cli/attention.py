@@ -37,6 +37,7 @@ from .options import (
     BlockQOpt,
     CausalAlignOpt,
     CausalOpt,
+    CheckRule,
     CsvOpt,
     DtypeOpt,
     ExplainOpt,
@@ -49,6 +50,7 @@ from .options import (
     KernelOpt,
     Layout,
     LayoutOpt,
+    LseBase,
     MaskedLse,
     MaskOpt,
     Mma,
@@ -230,6 +232,23 @@ def check(
     grad_rule: Annotated[GradRule, typer.Option(
         "--grad-rule", help="The gradients' rule: fa3 (FA3/FA4's tests: 2·plain error + "
         "2·rounding) or fa2 (FA2's tests: 3·plain error).")] = GradRule.fa3,
+    rule: Annotated[CheckRule, typer.Option(
+        "--rule", help="The rule that decides each tensor's verdict: fa (FlashAttention's "
+        "tests, the default) or model (error ≤ 1.25× osm's model of --kernel, and no head "
+        "biased). A row that sees no key must be exactly 0 under both.")] = CheckRule.fa,
+    lse_base: Annotated[LseBase, typer.Option(
+        "--lse-base", help="Base of the kernel's LSE: e (FlashAttention, PyTorch) or 2 "
+        "(FlashInfer, Triton's tutorial).")] = LseBase.e,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Refuse a BUNDLE holding arrays osm check does not use (without it "
+        "they are listed on one 'ignored:' line).")] = False,
+    rules_table: Annotated[bool, typer.Option(
+        "--rules-table", help="Also say what torch.testing.assert_close's defaults, atol 1e-2 "
+        "(Triton's tutorial), KernelBench's allclose and flashinfer-bench's matched ratio "
+        "would on the same tensors.")] = False,
+    no_probe: Annotated[bool, typer.Option(
+        "--no-probe", help="On a failure, skip trying the other conventions and locating the "
+        "failing tiles.")] = False,
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
@@ -254,7 +273,10 @@ def check(
     attention in the dtype. Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3)
     − ref|. Exit 0: pass. Exit 1: fail ("FAIL: …" on stderr) or bad input ("Error: …").
     --dtype defaults to OUT's own dtype. With --do and any of --dq, --dk, --dv, each gradient
-    is judged too, against the float64 gradients, by FlashAttention's backward rule.
+    is judged too, against the float64 gradients, by FlashAttention's backward rule. A BUNDLE
+    may name its tensors as FlashAttention and PyTorch do (softmax_lse, dout, o, query, …).
+    On a failure osm says where the failing rows are (heads, sequences, tiles) and which other
+    convention the kernel fits (LSE base 2, causal alignment, scale, GQA map, layout, …).
 
     \b
     Examples:
@@ -263,6 +285,7 @@ def check(
       osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
       osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
       osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
+      osm check flashinfer_out.npz --causal --lse-base 2 --rule model --rules-table
     """
     from osm_cli import io
     from osm_cli.precision.check import check as judge
@@ -271,6 +294,14 @@ def check(
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
+    if len(files) == 1:
+        unused = io.unused_names(files[0])
+        if unused and strict:
+            raise OsmError(f"{files[0]}: holds {', '.join(unused)}, which osm check does not "
+                           "use (--strict refuses them)")
+        if unused:
+            err.print(f"ignored: {', '.join(unused)} ({files[0]}: osm check does not use "
+                      f"{'it' if len(unused) == 1 else 'them'})", markup=False, soft_wrap=True)
     t = io.load_kernel_tensors(files, lse, input_dtype,
                                {"do": do, "dq": dq, "dk": dk, "dv": dv})
     o, name = t.pop("out"), t.pop("name")
@@ -295,8 +326,9 @@ def check(
     scales = descales(q_descale, k_descale, v_descale)
     blocks_ok = True if block_mask is None else _block_mask(block_mask, opts, t["q"], t["k"])
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
-                opts=opts, grad_rule=grad_rule.value, kernel=kname, mma=mma.value,
-                descale=scales, **t)
+                opts=opts, grad_rule=grad_rule.value, kernel=kernel and kname, mma=mma.value,
+                descale=scales, rule=rule.value, lse_base=lse_base.value, probe=not no_probe,
+                rules_table=rules_table, **t)
     if as_json:
         emit_json(documents.check_doc(rep))
     else:

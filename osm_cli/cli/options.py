@@ -22,6 +22,7 @@ from osm_cli.flash.names import ALIGNS, KV_LAYOUTS, LAYOUTS, MASKED_LSE
 from osm_cli.precision.names import (
     ACCUMS,
     ALIASES,
+    CHECK_RULES,
     DTYPE_NAMES,
     GRAD_RULES,
     KERNELS,
@@ -53,6 +54,7 @@ PrecisionModel = _choices("PrecisionModel", PRECISIONS)
 AccumDtype = _choices("AccumDtype", ACCUMS)
 LseBase = _choices("LseBase", LSE_BASES)
 GradRule = _choices("GradRule", GRAD_RULES)
+CheckRule = _choices("CheckRule", CHECK_RULES)
 Kernel = _choices("Kernel", KERNELS)
 Mma = _choices("Mma", MMAS)
 

@@ -2,7 +2,15 @@
 bundles of a kernel's tensors in bundles.py), all-or-nothing writes (save.py), a writer thread
 for a long document (behind.py)."""
 
-from .bundles import bundle_inputs, load_backward, load_bundle, load_kernel_tensors, load_qkv
+from .bundles import (
+    TENSOR_NAMES,
+    bundle_inputs,
+    load_backward,
+    load_bundle,
+    load_kernel_tensors,
+    load_qkv,
+    unused_names,
+)
 from .load import (
     BUNDLE_NAMES,
     TENSOR_SUFFIXES,
@@ -27,10 +35,10 @@ from .load import (
 from .save import check_destinations, save_bytes, save_npy, save_text, write_all
 
 __all__ = [
-    "BUNDLE_NAMES", "TENSOR_SUFFIXES", "bundle_inputs", "check_destinations", "check_file",
-    "check_mask",
-    "check_not_void", "check_real", "check_scores", "is_bundle", "is_qkv", "load_array",
-    "load_backward", "load_bundle", "load_function", "load_kernel_tensors", "load_mask",
-    "load_named", "load_partials", "load_qkv", "load_scores", "parse_pair", "parse_text",
-    "save_bytes", "save_npy", "save_text", "tensor_names", "view_raw", "write_all",
+    "BUNDLE_NAMES", "TENSOR_NAMES", "TENSOR_SUFFIXES", "bundle_inputs", "check_destinations",
+    "check_file", "check_mask", "check_not_void", "check_real", "check_scores", "is_bundle",
+    "is_qkv", "load_array", "load_backward", "load_bundle", "load_function",
+    "load_kernel_tensors", "load_mask", "load_named", "load_partials", "load_qkv", "load_scores",
+    "parse_pair", "parse_text", "save_bytes", "save_npy", "save_text", "tensor_names",
+    "unused_names", "view_raw", "write_all",
 ]

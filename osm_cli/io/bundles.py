@@ -1,7 +1,10 @@
 """Q, K, V (three files or one bundle), a kernel's tensors from one bundle (.npz or
-.safetensors) by name, and osm backward's inputs: out, q, k, v, lse, do, dq, dk, dv; a paged
-cache's k_cache and v_cache; the kernels' own inputs a bundle may hold (cu_seqlens, seqused_k,
-page_table, sinks, ALiBi slopes). Leaves out: reading one array (load.py), computing anything.
+.safetensors) by name, and osm backward's inputs: out, q, k, v, lse, do, dq, dk, dv, each also
+under FlashAttention's and PyTorch's names (TENSOR_NAMES: softmax_lse, dout, o, query, a paged
+cache's k_cache and v_cache, …); the kernels' own inputs a bundle may hold (cu_seqlens,
+seqused_k, page_table, sinks, ALiBi slopes); and the arrays a bundle holds that osm does not
+use (`unused_names`), which a command lists or refuses, never drops silently.
+Leaves out: reading one array (load.py), computing anything.
 """
 
 from __future__ import annotations
@@ -22,12 +25,51 @@ from .load import (
     tensor_names,
 )
 
+# osm's name -> the names a bundle may give that tensor (osm's own first, then FlashAttention's
+# and PyTorch's): flash_attn_func returns (out, softmax_lse, S_dmask); SDPA's autograd says
+# grad_out; a paged cache is k_cache and v_cache.
+TENSOR_NAMES = {
+    "out": ("out", "o", "output", "attn_out"), "q": ("q", "query"), "k": ("k", "key", "k_cache"),
+    "v": ("v", "value", "v_cache"), "lse": ("lse", "softmax_lse", "logsumexp"),
+    "do": ("do", "dout", "grad_out", "d_out"), "dq": ("dq", "grad_q"), "dk": ("dk", "grad_k"),
+    "dv": ("dv", "grad_v"),
+}
+
+
+def bundle_keys(path: Path, names: list[str] | None = None) -> dict[str, str]:
+    """osm's name -> the array that holds it in the bundle at path, for each of TENSOR_NAMES it
+    holds; an InputError when two names of one tensor are both there (lse and softmax_lse)."""
+    names = tensor_names(path) if names is None else names
+    found = {}
+    for key, aliases in TENSOR_NAMES.items():
+        held = [a for a in aliases if a in names]
+        if len(held) > 1:
+            raise InputError(f"{path}: holds both {held[0]!r} and {held[1]!r}, two names of "
+                             f"{key}; keep one")
+        if held:
+            found[key] = held[0]
+    return found
+
+
+def unused_names(path: str | Path, used: tuple[str, ...] = BUNDLE_NAMES) -> list[str]:
+    """The arrays of a bundle that are none of `used` (osm's names, under any of their
+    TENSOR_NAMES) nor a kernel input osm reads (INPUT_NAMES); [] for a file that is no bundle.
+    Example: unused_names("flash_out.npz") -> ["S_dmask"]"""
+    path = Path(path)
+    if not is_bundle(path):
+        return []
+    names = tensor_names(path)
+    taken = {a for n in used for a in TENSOR_NAMES.get(n, (n,))}
+    taken |= {a for aliases in INPUT_NAMES.values() for a in aliases}
+    return [n for n in names if n not in taken]
+
 
 def load_bundle(source: str | Path, raw_as: str | None = None,
                 need: tuple[str, ...] = ("q", "k", "v")) -> dict[str, np.ndarray]:
-    """A kernel's tensors from one .npz or .safetensors, by name: those of BUNDLE_NAMES it holds
-    (out, q, k, v, lse, do, dq, dk, dv), each checked to be no raw bytes or records; `need`
-    must be there. Example: load_bundle("samples/kernel_bf16.npz", need=("out", "q", "k", "v"))
+    """A kernel's tensors from one .npz or .safetensors, under osm's names: those of
+    BUNDLE_NAMES it holds (out, q, k, v, lse, do, dq, dk, dv) under any of their TENSOR_NAMES,
+    each checked to be no raw bytes or records; `need` must be there.
+    Example: load_bundle("samples/kernel_bf16.npz", need=("out", "q", "k", "v"))
     """
     path = Path(source)
     check_file(path)
@@ -35,22 +77,22 @@ def load_bundle(source: str | Path, raw_as: str | None = None,
         raise InputError(f"{path}: give Q K V as three .npy files, or one .npz with q, k, v "
                          "(.safetensors files too)")
     names = tensor_names(path)
-    aliases = {n: a for n, a in ALIASES.items() if n not in names and a in names}
-    present = [*names, *aliases]
-    missing = [n for n in need if n not in present]
+    keys = bundle_keys(path, names)
+    missing = [n for n in need if n not in keys]
     if missing:
-        raise InputError(f"{path}: has no array {missing[0]!r} (it has "
-                         f"{', '.join(present) or 'none'}; a kernel's tensors are named "
-                         f"{', '.join(BUNDLE_NAMES)})")
+        also = TENSOR_NAMES[missing[0]][1:]
+        raise InputError(f"{path}: has no array {missing[0]!r}"
+                         + (f" (nor {', '.join(repr(a) for a in also)})" if also else "")
+                         + f" (it has {', '.join(names) or 'none'}; a kernel's tensors are "
+                         f"named {', '.join(BUNDLE_NAMES)})")
     bundle = {}
-    for key in (n for n in BUNDLE_NAMES if n in present):
-        arr = load_array(path, key=aliases.get(key, key), raw_as=raw_as)
-        check_not_void(arr, f"{path}: {key}")
+    for key in (n for n in BUNDLE_NAMES if n in keys):
+        arr = load_array(path, key=keys[key], raw_as=raw_as)
+        check_not_void(arr, f"{path}: {keys[key]}")
         bundle[key] = arr
     return bundle
 
 
-ALIASES = {"k": "k_cache", "v": "v_cache"}  # a paged cache's K and V, as FA names them
 # a bundle's arrays that are the kernels' own inputs (osm's keyword: the names it reads)
 INPUT_NAMES = {"cu_seqlens_q": ("cu_seqlens_q",), "cu_seqlens_k": ("cu_seqlens_k",),
                "seqused_k": ("seqused_k", "cache_seqlens"), "page_table": ("page_table",
@@ -75,8 +117,7 @@ def bundle_inputs(source: str | Path) -> dict[str, np.ndarray]:
     return got
 
 
-# the names a bundle may give each tensor of the backward (the first is osm's own)
-BACKWARD_NAMES = {"do": ("do", "dout", "grad_out"), "out": ("o", "out"), "lse": ("lse",)}
+BACKWARD_NAMES = ("do", "out", "lse")  # what osm backward reads of a bundle beyond q, k, v
 
 
 def load_backward(paths: list[str], raw_as: str | None = None) -> dict[str, np.ndarray]:
@@ -94,16 +135,17 @@ def load_backward(paths: list[str], raw_as: str | None = None) -> dict[str, np.n
     q, k, v = load_qkv(paths, raw_as)
     path = Path(paths[0])
     names = set(tensor_names(path))
+    keys = bundle_keys(path, sorted(names))
     got = {"q": q, "k": k, "v": v}
-    for key, aliases in BACKWARD_NAMES.items():
-        name = next((a for a in aliases if a in names), None)
+    for key in BACKWARD_NAMES:
+        name = keys.get(key)
         if name is None:
             continue
         arr = load_array(path, key=name, raw_as=raw_as)
         check_real(arr, f"{path}: {name}")
         got[key] = arr
     if "do" not in got:
-        raise InputError(f"{path}: has no array 'do' (the upstream gradient dO); it has "
+        raise InputError(f"{path}: has no array 'do' nor 'dout' (the upstream gradient dO); it has "
                          f"{', '.join(sorted(names))}")
     return got
 

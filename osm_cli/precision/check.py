@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from osm_cli.core.names import LSE_BASES
 from osm_cli.errors import OsmError
 from osm_cli.flash.forward import ScoreOptions
 from osm_cli.flash.options import split_options
@@ -22,7 +23,7 @@ from osm_cli.flash.shapes import as_bhnd
 from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
 from .kernels import run_flash
 from .model import model, plain
-from .names import CHECK_RULES, LSE_BASES
+from .names import CHECK_RULES
 from .presets import default_kernel, preset_refusals
 from .rule import Verdict, judged, lse_errors, max_abs
 

@@ -24,7 +24,6 @@ KERNELS = ("fa2", "fa4", "fa4-sm100", "tiles")  # presets.py (docs/numerics.md#k
 MMAS = ("blas", "tensor-core")  # how a preset's matmuls round (gpu_ops.matmul)
 GRAD_RULES = ("fa3", "fa2")  # gradcheck.py's rules for gradients (docs/numerics.md#grad-rule)
 CHECK_RULES = ("fa", "model")  # check's verdict: FlashAttention's rule, or 1.25× osm's model
-LSE_BASES = ("e", "2")  # the base of a kernel's LSE (FlashInfer and Triton's tutorial: 2)
 
 
 def canonical(name: str) -> str:
@@ -35,5 +34,5 @@ def canonical(name: str) -> str:
     return key
 
 
-__all__ = ["ACCUMS", "ALIASES", "CHECK_RULES", "DTYPE_NAMES", "GRAD_RULES", "KERNELS", "LSE_BASES",
-           "MMAS", "PRECISIONS", "canonical"]
+__all__ = ["ACCUMS", "ALIASES", "CHECK_RULES", "DTYPE_NAMES", "GRAD_RULES", "KERNELS", "MMAS",
+           "PRECISIONS", "canonical"]

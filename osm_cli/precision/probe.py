@@ -23,14 +23,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from osm_cli.core.names import LSE_BASES
 from osm_cli.errors import OsmError
 from osm_cli.flash.masks import make_band
 from osm_cli.flash.options import ScoreOptions
 from osm_cli.flash.plan import per_head
 from osm_cli.flash.reference import reference
 from osm_cli.flash.shapes import broadcast_mask, kv_head
-
-from .names import LSE_BASES
 
 HEADS = 2  # failing heads each alternative is tried on (the worst ones)
 TRANSPOSE_LIMIT = 2e9  # scores·d of the whole transposed problem the layout probe may compute
@@ -95,7 +94,8 @@ def probe(case: Case) -> Probe:
             tried += _lse_probes(case, hs)
         elif tensor == "out" and case.dense and case.k.shape[2]:
             tried += _out_probes(case, hs)
-        tried += _scaled(case, tensor, hs)
+        if tensor != "lse":  # a factor on the LSE is its base (above)
+            tried += _scaled(case, tensor, hs)
     return Probe(tuple(tried), tuple(sorted(heads)))
 
 

@@ -126,5 +126,50 @@ def failures_text(rep, flags: bool = True) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["advice", "bias_line", "failure_lines", "failures_text", "rules_table",
-           "tensor_table", "tile_map_lines"]
+def location_doc(loc) -> dict | None:
+    """A locate.Location as JSON: where a tensor's rows fail."""
+    if loc is None:
+        return None
+    return {"summary": loc.summary, "patterns": list(loc.patterns), "rows": loc.rows,
+            "rows_over_bound": loc.rows_over, "total_rows": loc.total_rows,
+            "batches": list(loc.batches), "heads": [list(h) for h in loc.heads],
+            "sequences": None if loc.sequences is None else list(loc.sequences),
+            "block": loc.block, "tiles": list(loc.tiles), "n_tiles": loc.n_tiles}
+
+
+def finding_doc(f, flags: bool = True) -> dict:
+    return {"probe": f.probe, "message": advice(f, flags), "max_diff": f.max_diff,
+            "bound": f.bound, "option": None if not f.option else
+            {"name": f.option[0], "value": f.option[1]}}
+
+
+def diagnosis_doc(rep, flags: bool = True) -> dict:
+    """check --json's keys beyond FlashAttention's verdict: the rule, one verdict per tensor,
+    the failures with where and probe, the per-head bias, the tile map, the other rules."""
+    tensors = [{"tensor": t.tensor, "rule": t.rule, "passed": t.passed,
+                "max_error": t.judged.err, "bound": t.judged.bound,
+                "fa_passed": t.fa.passed, "reasons": list(t.reasons)} for t in rep.tensors]
+    failures = [{"tensor": t.tensor, "rule": t.rule, "bound": t.judged.bound,
+                 "max_error": t.judged.err, "reasons": list(t.reasons),
+                 "where": location_doc(t.location),
+                 "probe": [finding_doc(f, flags) for f in t.findings]} for t in rep.failures]
+    m = rep.tile_map
+    return {
+        "rule": rep.rule, "lse_base": rep.lse_base, "passed": rep.passed,
+        "tensors": tensors, "failures": failures,
+        "model_max_lse_err_vs_fp64": rep.model_lse_err, "rows_that_see_no_key": rep.no_key_rows,
+        "head_bias": [{"batch": b.batch, "head": b.head, "bias": b.bias, "sigma": b.sigma,
+                       "model_bias": b.model_bias, "flagged": b.flagged} for b in rep.bias],
+        "probe_heads": None if rep.probe is None else [list(h) for h in rep.probe.heads],
+        "tile_map": None if m is None else {
+            "batch": m.batch, "head": m.head, "block_q": m.block_q, "block_k": m.block_k,
+            "marks": list(m.marks), "explained": [list(x) for x in m.explained],
+            "patterns": list(m.patterns)},
+        "other_rules": [{"rule": r.rule, "tensor": r.tensor, "passed": r.passed,
+                         "failing": r.failing, "total": r.total} for r in rep.other_rules],
+        "varlen_rows": rep.varlen,
+    }
+
+
+__all__ = ["advice", "bias_line", "diagnosis_doc", "failure_lines", "failures_text",
+           "finding_doc", "location_doc", "rules_table", "tensor_table", "tile_map_lines"]

@@ -23,6 +23,7 @@ from dataclasses import asdict
 import numpy as np
 
 from .bulk import LONG
+from .diagnosis import diagnosis_doc
 
 
 def jsonable(obj):
@@ -293,7 +294,8 @@ def check_doc(rep) -> dict:
         "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
         "hint": rep.hint or None,
         **({"gradients": [grad_check_doc(g) for g in rep.grads],
-            "worst_gradient": rep.worst_grad.name, "passed": rep.passed} if rep.grads else {}),
+            "worst_gradient": rep.worst_grad.name} if rep.grads else {}),
+        **diagnosis_doc(rep),
     }
 
 

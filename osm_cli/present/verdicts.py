@@ -92,7 +92,12 @@ def check_report(rep, name: str, top: int, flags: bool = True) -> Group:
     if rep.no_key_rows:
         rows_kv.append(("rows that see no key", f"{rep.no_key_rows} (output must be exactly 0)"))
     fwd = [t for t in rep.tensors if t.tensor in ("out", "lse")]
-    rows_kv += [("rows over the bound", f"{rep.rows_over} of {rep.total_rows}"),
+    over = f"{rep.rows_over} of {rep.total_rows}"
+    lse_only = [t for t in rep.failures if t.tensor == "lse" and t.location is not None]
+    if lse_only and not any(t.tensor == "out" for t in rep.failures):
+        loc = lse_only[0].location
+        over = f"{over} (LSE: {loc.rows_over} of {loc.total_rows})"
+    rows_kv += [("rows over the bound", over),
                 ("verdict", pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
     t = kv_table(rows_kv)
     ranked = next((x.tensor for x in rep.failures if x.tensor in ("out", "lse")), "out")
