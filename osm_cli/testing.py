@@ -27,7 +27,8 @@ def assert_attention_close(
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
     attn_mask=None, score_mod=None, mask_mod=None,
     dtype=None, kernel: str | None = None, mma: str = "blas", q_descale=None,
-    k_descale=None, v_descale=None, grad_rule: str = "fa3", top: int = 5,
+    k_descale=None, v_descale=None, grad_rule: str = "fa3", rule: str = "fa",
+    lse_base: str = "e", probe: bool = True, rules_table: bool = False, top: int = 5,
     msg: str | None = None, do=None, scale: float | None = None, window=None, mask=None,
 ) -> None:
     """Raise AssertionError, with osm check's report, unless `out` (and `lse`) are what a
@@ -39,7 +40,8 @@ def assert_attention_close(
         The kernel's output and inputs (torch tensors on any device are copied to numpy).
     lse, dout, dq, dk, dv, softmax_scale, causal, window_size, softcap, alibi_slopes,
     learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, layout, kv_layout,
-    causal_align, attn_mask, dtype, kernel, mma, q_descale, k_descale, v_descale, grad_rule, top
+    causal_align, attn_mask, dtype, kernel, mma, q_descale, k_descale, v_descale, grad_rule,
+    rule, lse_base, probe, rules_table, top
         As `osm_cli.check` takes them (FlashAttention's names); dtype defaults to out's own;
         an unknown kernel is a ValueError naming the known ones.
     msg : str, optional
@@ -50,7 +52,8 @@ def assert_attention_close(
     Raises
     ------
     AssertionError
-        With osm check's report (each verdict with its bound, the worst rows and heads).
+        Opening with one line per failing tensor (its rule and bound, where its rows fail,
+        the convention the probe found), then osm check's report.
     OsmError
         For inputs osm cannot judge (shapes that do not fit, values that overflow the dtype,
         gradients without dout).
@@ -67,7 +70,8 @@ def assert_attention_close(
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's
     from osm_cli.api.check import check
     from osm_cli.present.console import as_text
-    from osm_cli.present.verdicts import check_report, fail_line
+    from osm_cli.present.diagnosis import failures_text
+    from osm_cli.present.verdicts import check_report
 
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
@@ -84,12 +88,13 @@ def assert_attention_close(
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
         page_table=page_table, layout=layout, kv_layout=kv_layout, causal_align=causal_align,
         score_mod=score_mod, mask_mod=mask_mod, dtype=dtype, kernel=kernel, mma=mma,
-        grad_rule=grad_rule, top=top)
+        grad_rule=grad_rule, rule=rule, lse_base=lse_base, probe=probe,
+        rules_table=rules_table, top=top)
     if rep.passed:
         return
     head = f"{msg}\n" if msg else ""
-    raise AssertionError(f"{head}attention output fails FlashAttention's test rule: "
-                         f"{fail_line(rep)}\n\n{as_text(check_report(rep, 'out', top))}")
+    raise AssertionError(f"{head}{failures_text(rep, flags=False)}\n\n"
+                         f"{as_text(check_report(rep, 'out', top, flags=False))}")
 
 
 def battery_cases(*, features=None, head_dims=None, dtypes="bf16", budget: str = "quick",

@@ -229,8 +229,9 @@ def test_probe_never_passes_a_failure():
 def test_fail_text_names_rule_where_and_probe():
     q, k, v = _inputs()
     text = failures_text(_judge(planted("lse_base2"), q, k, v, causal=True))
-    assert text.startswith("LSE fails rule fa: max error ")
-    assert "; where: every query row; every head (4); probe: the kernel's LSE matches" in text
+    assert text.startswith("LSE fails FlashAttention's rule: max|lse − ref| = 2.81 > ")
+    assert ("; 1024 of 1024 rows over the bound; where: every query row; every head (4); probe: "
+            "the kernel's LSE matches osm's in base 2" in text)
 
 
 def test_rules_table_numbers():

@@ -24,7 +24,8 @@ def check(
     attn_mask=None, score_mod=None, mask_mod=None,
     dtype: str | None = None, kernel: str | None = None,
     mma: str | None = None, q_descale=None, k_descale=None, v_descale=None,
-    grad_rule: str = "fa3", top: int = 5, with_model: bool = True,
+    grad_rule: str = "fa3", rule: str = "fa", lse_base: str = "e", probe: bool = True,
+    rules_table: bool = False, top: int = 5, with_model: bool = True,
 ) -> CheckReport:
     """Judge a kernel's `out` (and `lse`, and `dq`, `dk`, `dv` for `dout`) for inputs q, k, v
     by FlashAttention's test rule (docs/numerics.md#precision-model, #grad-rule).
@@ -51,6 +52,17 @@ def check(
         FP8's descale factors: q, k, v hold x / descale.
     grad_rule : {{"fa3", "fa2"}}
         The backward rule dq, dk, dv are judged by (FA3/FA4's tests, or FA2's).
+    rule : {{"fa", "model"}}
+        What decides each tensor's verdict: FlashAttention's rule, or error ≤ 1.25× the
+        kernel's model with no head biased (docs/check.md#rules). A row that sees no key must
+        be exactly 0 under both.
+    lse_base : {{"e", "2"}}
+        The base of the kernel's LSE (2: FlashInfer's, Triton's tutorial's).
+    probe : bool
+        On a failure, locate the failing rows and try the other conventions on the failing
+        heads (docs/check.md#probe); it names what fits, never changes a verdict.
+    rules_table : bool
+        Also say what torch's, Triton's, KernelBench's and flashinfer-bench's rules would.
     top : int
         The worst rows and heads the report keeps.
     with_model : bool
@@ -59,7 +71,8 @@ def check(
     Returns
     -------
     CheckReport
-        `.passed`, the verdict with its bound, the worst rows and heads, `.grads`.
+        `.passed`, `.tensors` (a verdict per tensor, with where it fails and the conventions
+        found), `.failures`, the worst rows and heads, `.grads`.
 
     Examples
     --------
@@ -77,7 +90,8 @@ def check(
     return judge(out, q, k, v, dtype if dtype is not None else output_dtype(np.asarray(out), "out"),
                  lse=lse, do=dout, dq=dq, dk=dk, dv=dv, top=top, with_model=with_model,
                  grad_rule=grad_rule, opts=opts, kernel=kernel, mma=mma or "blas",
-                 descale=descale(q_descale, k_descale, v_descale))
+                 descale=descale(q_descale, k_descale, v_descale), rule=rule,
+                 lse_base=lse_base, probe=probe, rules_table=rules_table)
 
 
 __all__ = ["check"]

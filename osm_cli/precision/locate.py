@@ -150,6 +150,9 @@ def locate(over: np.ndarray, tensor: str, *, rows: str = "query", block: int | N
             patterns.append(f"the first {len(idx_local)} {rows} rows")
         elif last and len(idx_local) < min(blk, size):
             patterns.append(f"the last {len(idx_local)} {rows} rows")
+        elif len(idx_local) < size and len(tiles) == n_tiles:
+            patterns.append(f"{len(idx_local)} of {size} {rows} rows, in every {kind} tile of "
+                            f"{blk} rows ({n_tiles})")
         elif len(idx_local) < size:
             patterns.append(_tiles_phrase(tiles, n_tiles, blk, kind))
             if rows == "key":

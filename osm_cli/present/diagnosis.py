@@ -109,13 +109,27 @@ def rules_table(rep) -> Table:
     return t
 
 
+RULE_NAMES = {"fa": "FlashAttention's rule", "model": "the model rule"}
+
+
+def terms(r) -> str:
+    """The bound's terms as the rule writes them: 2·pt + 2·rounding, or 1.25·model."""
+    t = [f"{k:g}·{x:.3g}" for k, x in ((r.k_pt, r.pt_err), (r.k_round, r.rounding)) if k]
+    return " + ".join(t) or f"{r.bound:.3g}"
+
+
 def failures_text(rep, flags: bool = True) -> str:
-    """Plain text of the failures, one line each: tensor, rule, error, bound, where, probe."""
+    """One line per failing tensor: its rule with the numbers, the rows over the bound, what
+    else failed it, where and the convention found (assert_attention_close's message)."""
     parts = []
     for v in rep.failures:
-        r = v.judged
-        line = (f"{LABELS[v.tensor]} fails rule {v.rule}: max error {r.err:.3g} "
-                f"{'>' if r.err > r.bound else '≤'} {r.bound:.3g}")
+        r, label = v.judged, LABELS[v.tensor]
+        ref = "ref64" if v.rule == "model" else "ref"
+        cmp = ">" if not r.err <= r.bound else "≤"
+        line = (f"{label} fails {RULE_NAMES[v.rule]}: max|{v.tensor} − {ref}| = {r.err:.3g} "
+                f"{cmp} {terms(r)} = {r.bound:.3g} ({rep.verdict.dtype})")
+        if v.location is not None:
+            line += f"; {v.location.rows_over} of {v.location.total_rows} rows over the bound"
         if v.reasons:
             line += "; " + "; ".join(v.reasons)
         if v.where:
@@ -172,4 +186,5 @@ def diagnosis_doc(rep, flags: bool = True) -> dict:
 
 
 __all__ = ["advice", "bias_line", "diagnosis_doc", "failure_lines", "failures_text",
-           "finding_doc", "location_doc", "rules_table", "tensor_table", "tile_map_lines"]
+           "finding_doc", "location_doc", "rules_table", "tensor_table", "terms",
+           "tile_map_lines"]

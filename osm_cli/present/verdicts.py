@@ -196,11 +196,11 @@ def fail_line(rep, flags: bool = True) -> str:
     if failing("out", not v.rule.passed):
         r = judged("out", v.rule)
         parts.append(f"max|out − ref| = {r.err:.3g} {'>' if not r.passed else '≤'} "
-                     f"{_terms(r)} = {r.bound:.3g} ({v.dtype}); {rep.rows_over} of "
+                     f"{diagnosis.terms(r)} = {r.bound:.3g} ({v.dtype}); {rep.rows_over} of "
                      f"{rep.total_rows} rows over the bound" + extra("out"))
     if v.lse is not None and failing("lse", not v.lse.passed):
         r = judged("lse", v.lse)
-        parts.append(f"max|lse − ref| = {r.err:.3g} > {_terms(r)} = {r.bound:.3g}"
+        parts.append(f"max|lse − ref| = {r.err:.3g} > {diagnosis.terms(r)} = {r.bound:.3g}"
                      + extra("lse"))
     for g in rep.grads:
         if failing(g.name, not g.rule.passed):
@@ -210,9 +210,3 @@ def fail_line(rep, flags: bool = True) -> str:
             parts.append(f"max|{g.label} − ref| = {r.err:.3g} > {r.bound:.3g}; {g.rows_over} of "
                          f"{g.total_rows} rows over the bound{where}" + extra(g.name))
     return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")
-
-
-def _terms(r) -> str:
-    """The bound's terms as the rule writes them: 2·pt + 2·rounding, or 1.25·model."""
-    terms = [f"{k:g}·{x:.3g}" for k, x in ((r.k_pt, r.pt_err), (r.k_round, r.rounding)) if k]
-    return " + ".join(terms) or f"{r.bound:.3g}"

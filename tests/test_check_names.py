@@ -1,0 +1,159 @@
+"""osm check on what a user has (issue 22): a bundle saved from flash_attn_func's outputs
+(softmax_lse, S_dmask) judged without renaming, the arrays osm does not use listed on one
+"ignored:" line or refused with --strict, the per-tensor verdict lines at 72, 80 and 100
+columns, the JSON failures, and assert_attention_close saying which tensor failed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from osm_cli.cli import app
+from osm_cli.io import load_backward, load_bundle
+from osm_cli.testing import assert_attention_close
+from tests.conftest import strict_json
+from tests.kernels.planted import flash, planted
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _qkv(t=192, h=4, hk=2, d=32, seed=1):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1, t, h, d)).astype(BF16),
+            rng.standard_normal((1, t, hk, d)).astype(BF16),
+            rng.standard_normal((1, t, hk, d)).astype(BF16))
+
+
+def _bundle(path, bug=None, **extra):
+    """What a user saves after out, softmax_lse, S_dmask = flash_attn_func(…,
+    return_attn_probs=True): FlashAttention's names, float32 copies of the bf16 values."""
+    q, k, v = _qkv()
+    out, lse = planted(bug)(q, k, v, causal=True)
+    arrays = {"q": q, "k": k, "v": v, "out": out}
+    np.savez(path, **{n: x.astype(np.float32) for n, x in arrays.items()},
+             softmax_lse=lse, S_dmask=np.zeros((1, 4, 192, 192), np.float32), **extra)
+    return path
+
+
+def test_flash_attn_bundle_needs_no_renaming(runner, tmp_path):
+    p = _bundle(tmp_path / "fa.npz")
+    r = runner.invoke(app, ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == f"ignored: S_dmask ({p}: osm check does not use it)\n"
+    assert "LSE rule" in r.stdout  # the softmax_lse was judged, not dropped
+
+
+def test_base2_softmax_lse_fails_and_is_named(runner, tmp_path):
+    """The bug a bundle without osm's names used to PASS: FlashInfer's base-2 LSE."""
+    p = _bundle(tmp_path / "fa.npz", "lse_base2")
+    args = ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1
+    fail = r.stderr.splitlines()[-1]
+    assert fail.startswith("FAIL: max|lse − ref| = ")
+    assert fail.endswith("probe: the kernel's LSE matches osm's in base 2 (max diff 6.5e-07): "
+                         "pass --lse-base 2 if that is its convention")
+    r2 = runner.invoke(app, [*args, "--lse-base", "2"])
+    assert r2.exit_code == 0, r2.output
+
+
+def test_strict_refuses_unused_arrays(runner, tmp_path):
+    p = _bundle(tmp_path / "fa.npz", rng_state=np.zeros(2, np.int64))
+    before = p.read_bytes()
+    r = runner.invoke(app, ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16",
+                            "--strict"])
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: {p}: holds S_dmask, rng_state, which osm check does not use "
+                        "(--strict refuses them)\n")
+    assert p.read_bytes() == before
+
+
+def test_two_names_of_one_tensor_refused(tmp_path):
+    q, k, v = _qkv()
+    p = tmp_path / "two.npz"
+    np.savez(p, q=q.astype(np.float32), k=k.astype(np.float32), v=v.astype(np.float32),
+             out=q.astype(np.float32), lse=np.zeros(3), softmax_lse=np.zeros(3))
+    with pytest.raises(Exception, match="holds both 'lse' and 'softmax_lse', two names of lse"):
+        load_bundle(p, need=("out", "q", "k", "v"))
+
+
+def test_pytorch_names(tmp_path):
+    """query/key/value, o and dout (SDPA's and FlashAttention's backward names)."""
+    q, k, v = _qkv()
+    p = tmp_path / "torch.npz"
+    np.savez(p, query=q.astype(np.float32), key=k.astype(np.float32),
+             value=v.astype(np.float32), o=q.astype(np.float32), dout=q.astype(np.float32))
+    b = load_bundle(p, need=("out", "q", "k", "v"))
+    assert sorted(b) == ["do", "k", "out", "q", "v"]
+    assert sorted(load_backward([str(p)])) == ["do", "k", "out", "q", "v"]
+
+
+@pytest.mark.parametrize("width", [72, 80, 100])
+def test_verdict_lines_fit(runner, tmp_path, width):
+    """Per-tensor verdicts and the tile map, at 72, 80 and 100 columns: every line fits, the
+    failing tensor's row says where."""
+    q, k, v = (np.random.default_rng(2).standard_normal((1, 256, 2, 32)).astype(BF16)
+               for _ in range(3))
+    out, lse = planted("double_count")(q, k, v)
+    p = tmp_path / "dc.npz"
+    np.savez(p, q=q.astype(np.float32), k=k.astype(np.float32), v=v.astype(np.float32),
+             out=out.astype(np.float32), softmax_lse=lse)
+    r = runner.invoke(app, ["check", str(p), "--layout", "bnhd", "--dtype", "bf16"],
+                      env={"COLUMNS": str(width)})
+    assert r.exit_code == 1
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    text = " ".join(r.stdout.split())
+    assert "verdicts (rule fa)" in text
+    assert "every other Q tile of 64 rows (tiles 1, 3, …)" in text
+    assert "   1 #..." in r.stdout and "   0 ...." in r.stdout
+    assert "the first K/V tile of 64 rows explains the error" in text
+
+
+def test_json_failures(runner, tmp_path):
+    p = _bundle(tmp_path / "fa.npz", "scale_1_over_d")
+    r = runner.invoke(app, ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16",
+                            "--json"])
+    assert r.exit_code == 1
+    doc = strict_json(r.stdout)
+    assert doc["passed"] is False and doc["rule"] == "fa"
+    assert [t["tensor"] for t in doc["tensors"]] == ["out", "lse"]
+    f = doc["failures"][0]
+    assert f["tensor"] == "out" and f["rule"] == "fa" and f["max_error"] > f["bound"]
+    assert f["where"]["heads"] == [[0, 0], [0, 1], [0, 2], [0, 3]]
+    assert f["probe"][0]["option"] == {"name": "scale", "value": 1 / 32}
+    assert f["probe"][0]["message"].startswith("the kernel's output fits the scale 1/d = 0.03125")
+
+
+def test_assert_names_the_failing_gradient():
+    """Only dQ fails: the message opens with dQ, not with the output."""
+    q, k, v = _qkv(t=128, h=4, hk=4)
+    kern = planted("dq_head")
+    out, lse = kern(q, k, v, causal=True)
+    dout = np.random.default_rng(3).standard_normal(out.shape).astype(BF16)
+    dq, dk, dv = kern.osm_backward(q, k, v, out, lse, dout, causal=True)
+    with pytest.raises(AssertionError) as info:
+        assert_attention_close(out, q, k, v, lse=lse, do=dout, dq=dq, dk=dk, dv=dv,
+                               causal=True, layout="bnhd")
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("dQ fails FlashAttention's rule: max|dq − ref| = ")
+    assert "where: 50 of 128 query rows, in every Q tile of 128 rows (1); head 0 of 4" in first
+    assert "dQ in head 0 of batch 0 is 1.1× osm's" in first
+
+
+def test_assert_takes_checks_keywords():
+    """softcap, varlen, rule and lse_base reach check: a correct varlen softcapped kernel
+    passes; its LSE read in base 2 fails."""
+    rng = np.random.default_rng(6)
+    cu = np.array([0, 50, 128], np.int32)
+    q, k, v = (rng.standard_normal((128, 2, 32)).astype(BF16) for _ in range(3))
+    out, lse = flash(q, k, v, causal=True, softcap=10.0, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    kw = {"causal": True, "softcap": 10.0, "cu_seqlens_q": cu, "cu_seqlens_k": cu}
+    assert_attention_close(out, q, k, v, lse=lse, rule="model", **kw)
+    with pytest.raises(AssertionError, match="LSE fails"):
+        assert_attention_close(out, q, k, v, lse=lse * np.float32(1 / math.log(2) + 0.1),
+                               lse_base="2", **kw)
