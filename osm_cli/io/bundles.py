@@ -81,10 +81,11 @@ def load_bundle(source: str | Path, raw_as: str | None = None,
     missing = [n for n in need if n not in keys]
     if missing:
         also = TENSOR_NAMES[missing[0]][1:]
-        raise InputError(f"{path}: has no array {missing[0]!r}"
-                         + (f" (nor {', '.join(repr(a) for a in also)})" if also else "")
-                         + f" (it has {', '.join(names) or 'none'}; a kernel's tensors are "
-                         f"named {', '.join(BUNDLE_NAMES)})")
+        raise InputError(f"{path}: has no array {missing[0]!r} (it has "
+                         f"{', '.join(names) or 'none'}; a kernel's tensors are named "
+                         f"{', '.join(BUNDLE_NAMES)}"
+                         + (f"; {missing[0]} may also be {', '.join(also)}" if also else "")
+                         + ")")
     bundle = {}
     for key in (n for n in BUNDLE_NAMES if n in keys):
         arr = load_array(path, key=keys[key], raw_as=raw_as)

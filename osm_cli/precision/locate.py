@@ -193,16 +193,19 @@ def tile_map(q, k, v, out, ref, over_rows, *, scale: float, visible, block_q: in
     for qi in range(min(nq, MAP_LIMIT)):
         i0, i1 = qi * block_q, min(t, (qi + 1) * block_q)
         vis = None if visible is None else visible(i0, i1)
-        sc = (q[i0:i1] * scale) @ k.T
-        if vis is not None:
-            sc = np.where(vis, sc, -np.inf)
-        seen = [vis is None or bool(vis[:, j * block_k:(j + 1) * block_k].any())
-                for j in range(nk)]
+        if vis is None:
+            seen = [True] * nk
+        else:
+            cols = np.pad(vis.any(axis=0), (0, nk * block_k - s))
+            seen = [bool(x) for x in cols.reshape(nk, block_k).any(axis=1)]
         row = ["." if x else " " for x in seen[:MAP_LIMIT]]
         fail = over_rows[i0:i1]
         if fail.any():
             row = ["~" if x else " " for x in seen[:MAP_LIMIT]]
-            j = _explaining_tile(sc[fail], v, out[i0:i1][fail] - ref[i0:i1][fail],
+            sc = (q[i0:i1][fail] * scale) @ k.T
+            if vis is not None:
+                sc = np.where(vis[fail], sc, -np.inf)
+            j = _explaining_tile(sc, v, out[i0:i1][fail] - ref[i0:i1][fail],
                                  ref[i0:i1][fail], block_k, seen, share)
             if j is not None:
                 explained.append((qi, j))
@@ -215,9 +218,10 @@ def tile_map(q, k, v, out, ref, over_rows, *, scale: float, visible, block_q: in
 
 
 def _explaining_tile(sc, v, err, ref, block_k: int, seen, share: float) -> int | None:
-    """The K/V tile j whose direction w_j·(O_j − ref) explains `err` (rows × dv) best, if it
-    leaves at most 1 − share of its energy; None otherwise."""
-    with np.errstate(invalid="ignore", over="ignore"):
+    """The K/V tile j whose direction D_j = w_j·(O_j − ref) explains `err` (rows × dv) best,
+    if it leaves at most 1 − share of its energy; None otherwise. Least squares per row: what
+    D_j leaves of e is |e|² − (e·D_j)² / |D_j|², for every tile at once."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         m = sc.max(axis=-1, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
         p = np.exp(sc - m)
@@ -225,21 +229,21 @@ def _explaining_tile(sc, v, err, ref, block_k: int, seen, share: float) -> int |
     energy = float((err * err).sum())
     if not energy or not np.isfinite(energy):
         return None
-    best, left = None, np.inf
-    for j, ok in enumerate(seen):
-        if not ok:
-            continue
-        pj = p[:, j * block_k:(j + 1) * block_k]
-        wj = pj.sum(axis=-1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            oj = np.where(wj > 0, (pj @ v[j * block_k:(j + 1) * block_k]) / wj, 0.0)
-        d = (wj / total) * (oj - ref)
+    r, s = p.shape
+    nk = len(seen)
+    pad = nk * block_k - s
+    pp = np.pad(p, ((0, 0), (0, pad))).reshape(r, nk, block_k)
+    vv = np.pad(v, ((0, pad), (0, 0))).reshape(nk, block_k, v.shape[-1])
+    w = pp.sum(axis=-1)  # (rows, nk)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        oj = np.einsum("rjk,jkd->rjd", pp, vv) / np.where(w > 0, w, 1.0)[..., None]
+        d = (w / total)[..., None] * (oj - ref[:, None, :])
         dd = (d * d).sum(axis=-1)
-        c = np.where(dd > 0, (err * d).sum(axis=-1) / np.where(dd > 0, dd, 1.0), 0.0)
-        rest = float(((err - c[:, None] * d) ** 2).sum())
-        if rest < left:
-            best, left = j, rest
-    return best if left <= (1 - share) * energy else None
+        ed = np.einsum("rd,rjd->rj", err, d)
+        gain = np.where(dd > 0, ed * ed / np.where(dd > 0, dd, 1.0), 0.0).sum(axis=0)
+    gain = np.where(np.asarray(seen, dtype=bool), gain, -np.inf)
+    best = int(np.argmax(gain))
+    return best if energy - gain[best] <= (1 - share) * energy else None
 
 
 def _map_patterns(explained, nk: int, visible, block_q: int, block_k: int, t: int) -> tuple:

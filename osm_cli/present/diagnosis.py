@@ -73,8 +73,9 @@ def tile_map_lines(m) -> list[Text]:
 
 
 def bias_line(rep) -> Text | None:
-    """The most significant per-head bias, and how many heads are flagged."""
-    if not rep.bias:
+    """The most significant per-head bias and how many heads are flagged; None when none is
+    (the JSON keeps every head's)."""
+    if not rep.bias or not any(x.flagged for x in rep.bias):
         return None
     b = rep.bias[0]
     flagged = sum(x.flagged for x in rep.bias)
