@@ -157,3 +157,21 @@ def test_assert_takes_checks_keywords():
     with pytest.raises(AssertionError, match="LSE fails"):
         assert_attention_close(out, q, k, v, lse=lse * np.float32(1 / math.log(2) + 0.1),
                                lse_base="2", **kw)
+
+
+def test_planted_samples_are_the_kernels_output():
+    """samples/planted/*.npz (docs/check.md's examples) are what make.py writes from the
+    planted kernels, array for array."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("make", ROOT / "samples/planted/make.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    for name, case in make.CASES.items():
+        want = make.arrays(*case)
+        with np.load(ROOT / "samples/planted" / name) as z:
+            assert sorted(z.files) == sorted(want)
+            for n, x in want.items():
+                assert np.array_equal(z[n], x), (name, n)

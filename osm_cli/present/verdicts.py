@@ -101,10 +101,10 @@ def check_report(rep, name: str, top: int, flags: bool = True) -> Group:
                 ("verdict", pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
     t = kv_table(rows_kv)
     ranked = next((x.tensor for x in rep.failures if x.tensor in ("out", "lse")), "out")
-    by = " ranked by LSE error" if ranked == "lse" else ""
-    rows = Table(title=f"worst {min(top, len(rep.rows))} rows{by} (ulp of {v.dtype} at the "
-                 "row's largest |ref|)", box=box.SIMPLE_HEAD, title_justify="left",
-                 pad_edge=False)
+    title = (f"worst {min(top, len(rep.rows))} rows by |LSE − ref|" if ranked == "lse" else
+             f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's largest "
+             "|ref|)")
+    rows = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for c in ("sequence" if rep.varlen else "batch", "head", "query", "max |out − ref|",
               "ulps", "|LSE − ref|"):
         rows.add_column(c, justify="right")
