@@ -93,8 +93,8 @@ def assert_attention_close(
     if rep.passed:
         return
     head = f"{msg}\n" if msg else ""
-    raise AssertionError(f"{head}{failures_text(rep, flags=False)}\n\n"
-                         f"{as_text(check_report(rep, 'out', top, flags=False))}")
+    raise AssertionError(f"{head}{failures_text(rep)}\n\n"
+                         f"{as_text(check_report(rep, 'out', top))}")
 
 
 def battery_cases(*, features=None, head_dims=None, dtypes="bf16", budget: str = "quick",

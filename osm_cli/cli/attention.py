@@ -294,6 +294,8 @@ def check(
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
+    from .flags import flag
+
     if len(files) == 1:
         unused = io.unused_names(files[0])
         if unused and strict:
@@ -330,11 +332,11 @@ def check(
                 descale=scales, rule=rule.value, lse_base=lse_base.value, probe=not no_probe,
                 rules_table=rules_table, **t)
     if as_json:
-        emit_json(documents.check_doc(rep))
+        emit_json(documents.check_doc(rep, flag))
     else:
-        out.print(check_report(rep, name, top))
+        out.print(check_report(rep, name, top, flag))
     if not rep.passed:
-        err.print(f"FAIL: {fail_line(rep)}", markup=False, soft_wrap=True)
+        err.print(f"FAIL: {fail_line(rep, flag)}", markup=False, soft_wrap=True)
     if not rep.passed or not blocks_ok:
         raise typer.Exit(1)
 

@@ -127,12 +127,12 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     from .diagnose import diagnose
 
     if rule not in CHECK_RULES:
-        raise OsmError(f"rule must be one of {', '.join(CHECK_RULES)}, not {rule!r}")
+        raise OsmError(f"`rule` must be one of {', '.join(CHECK_RULES)}, not {rule!r}")
     if str(lse_base) not in LSE_BASES:
-        raise OsmError(f"lse_base must be one of {', '.join(LSE_BASES)}, not {lse_base!r}")
+        raise OsmError(f"`lse_base` must be one of {', '.join(LSE_BASES)}, not {lse_base!r}")
     if rule == "model" and not with_model:
-        raise OsmError("rule model judges against osm's model of the kernel; it needs the "
-                       "model (with_model)")
+        raise OsmError("`rule` model judges against osm's model of the kernel; it needs the "
+                       "model (`with_model`)")
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     kname = kernel or default_kernel(dtype_name(dt), opts)
@@ -229,8 +229,7 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
     with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
         row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
     if lse_err is not None:
-        lse_view = "bhnd" if layout == "bnhd" else layout  # the LSE is (B, H, t) for both
-        lse_err = rows_view(lse_err[..., None], lse_view, lse=True)[..., 0]
+        lse_err = lse_rows(lse_err, layout)
     over = ~(row_err <= bound)
     key = lse_err if by_lse and lse_err is not None else row_err
     rank = np.where(np.isnan(key), np.inf, key).ravel()
@@ -246,6 +245,13 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
         b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
         heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
     return tuple(rows), tuple(heads), over, row_err
+
+
+def lse_rows(x, layout: str) -> np.ndarray:
+    """An LSE-shaped array as (B, H, rows): FlashAttention's (B, H, t) for both dense layouts,
+    (H, total) for a packed batch."""
+    view = "bhnd" if layout == "bnhd" else layout
+    return rows_view(np.asarray(x)[..., None], view, lse=True)[..., 0]
 
 
 def view_of(opts: ScoreOptions, x: str = "q") -> str:

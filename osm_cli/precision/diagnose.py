@@ -45,13 +45,6 @@ class TensorVerdict:
         return "" if self.location is None else self.location.summary
 
 
-def lse_rows(x, layout: str) -> np.ndarray:
-    """An LSE-shaped array (osm's layout) as (B, H, rows)."""
-    from .check import rows_view
-
-    return rows_view(np.asarray(x)[..., None], layout, lse=True)[..., 0]
-
-
 def _blocks(kernel: str | None, d: int, dv: int, causal: bool) -> tuple[int | None, int | None]:
     """The named kernel's (block_q, block_k); (None, None) when no kernel was named."""
     if kernel is None:
@@ -68,7 +61,7 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
              dt, rule: str, probe: bool, rules_table: bool, blocks_known: bool,
              given: dict) -> dict:
     """CheckReport's fields beyond FlashAttention's verdict (see check.check)."""
-    from .check import rows_view, view_of
+    from .check import lse_rows, rows_view, view_of
 
     view = view_of(opts)
     out4 = rows_view(out, view)
@@ -160,6 +153,8 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
 
 
 def _row_score(name, row_err, lse_err, rep, view):
+    from .check import lse_rows
+
     if name == "out":
         return row_err
     if name == "lse":
@@ -181,7 +176,7 @@ def _plain_scores(opts) -> bool:
 
 def _case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing, given) -> Case:
     """The probe's view of a failed check: (B, H, …) float64 arrays, options in bhnd."""
-    from .check import rows_view, view_of
+    from .check import lse_rows, rows_view, view_of
 
     dense = not opts.packing.active
     got = {"out": np.asarray(out4, dtype=np.float64)}
@@ -228,4 +223,4 @@ def _tile_map(case: Case, over, head, block_q: int, block_k: int | None):
     return best
 
 
-__all__ = ["TensorVerdict", "diagnose", "lse_rows"]
+__all__ = ["TensorVerdict", "diagnose"]

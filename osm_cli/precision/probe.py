@@ -246,7 +246,7 @@ def _out_probes(case: Case, hs) -> list[Finding]:
         if not math.isclose(value, scale, rel_tol=1e-9):
             alts.append(("scale", f"the kernel's output fits the scale {name} = {value:.6g} in "
                          f"place of {scale:.6g} (max diff {{diff}}): {{option}} if it means "
-                         "that scale", ("scale", value), replace(o, scale=value)))
+                         "that scale", ("softmax_scale", value), replace(o, scale=value)))
     if o.softcap is not None:
         alts.append(("softcap-order", "the kernel's output fits softcap applied after the mask"
                      " (max diff {diff}): masked keys then weigh exp(−softcap − m), not 0; "

@@ -14,17 +14,14 @@ from rich.text import Text
 from .format import Table, num, pass_fail
 
 LABELS = {"out": "out", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV", "dsink": "dsink"}
-FLAGS = {"lse_base": "--lse-base", "causal_align": "--causal-align", "causal": "--causal",
-         "scale": "--scale", "layout": "--layout"}
-
-
-def advice(f, flags: bool = True) -> str:
-    """A finding's message with its option as a flag (the CLI) or a keyword (the API)."""
+def advice(f, flag=None) -> str:
+    """A finding's message with its option as a flag (flag: the CLI's parameter -> flag
+    function, cli/flags.py) or, without one, as a keyword (the Python API)."""
     if not f.option:
         return f.message.replace(": {option} if", ": pass it if")
     name, value = f.option
-    if flags:
-        opt = FLAGS.get(name, "--" + name.replace("_", "-"))
+    if flag is not None:
+        opt = flag(name)
         said = opt if value is True else f"{opt} {value:.6g}" if isinstance(value, float) \
             else f"{opt} {value}"
     else:
@@ -48,13 +45,13 @@ def tensor_table(rep) -> Table:
     return t
 
 
-def failure_lines(rep, flags: bool = True) -> list[Text]:
+def failure_lines(rep, flag=None) -> list[Text]:
     """Per failing tensor: what the probe found, or that nothing it tried fits."""
     lines = []
     for v in rep.failures:
         tried = 0 if rep.probe is None else sum(f.tensor == v.tensor for f in rep.probe.tried)
         for f in v.findings:
-            lines.append(Text(f"{LABELS[v.tensor]}: {advice(f, flags)}", style="yellow"))
+            lines.append(Text(f"{LABELS[v.tensor]}: {advice(f, flag)}", style="yellow"))
         if not v.findings and tried:
             lines.append(Text(f"{LABELS[v.tensor]}: none of the {tried} other conventions "
                               "tried fits (a bug, not a convention)"))
@@ -119,7 +116,7 @@ def terms(r) -> str:
     return " + ".join(t) or f"{r.bound:.3g}"
 
 
-def failures_text(rep, flags: bool = True) -> str:
+def failures_text(rep, flag=None) -> str:
     """One line per failing tensor: its rule with the numbers, the rows over the bound, what
     else failed it, where and the convention found (assert_attention_close's message)."""
     parts = []
@@ -136,7 +133,7 @@ def failures_text(rep, flags: bool = True) -> str:
         if v.where:
             line += f"; where: {v.where}"
         if v.findings:
-            line += "; probe: " + " / ".join(advice(f, flags) for f in v.findings)
+            line += "; probe: " + " / ".join(advice(f, flag) for f in v.findings)
         parts.append(line)
     return "\n".join(parts)
 
@@ -152,13 +149,13 @@ def location_doc(loc) -> dict | None:
             "block": loc.block, "tiles": list(loc.tiles), "n_tiles": loc.n_tiles}
 
 
-def finding_doc(f, flags: bool = True) -> dict:
-    return {"probe": f.probe, "message": advice(f, flags), "max_diff": f.max_diff,
+def finding_doc(f, flag=None) -> dict:
+    return {"probe": f.probe, "message": advice(f, flag), "max_diff": f.max_diff,
             "bound": f.bound, "option": None if not f.option else
             {"name": f.option[0], "value": f.option[1]}}
 
 
-def diagnosis_doc(rep, flags: bool = True) -> dict:
+def diagnosis_doc(rep, flag=None) -> dict:
     """check --json's keys beyond FlashAttention's verdict: the rule, one verdict per tensor,
     the failures with where and probe, the per-head bias, the tile map, the other rules."""
     tensors = [{"tensor": t.tensor, "rule": t.rule, "passed": t.passed,
@@ -167,7 +164,7 @@ def diagnosis_doc(rep, flags: bool = True) -> dict:
     failures = [{"tensor": t.tensor, "rule": t.rule, "bound": t.judged.bound,
                  "max_error": t.judged.err, "reasons": list(t.reasons),
                  "where": location_doc(t.location),
-                 "probe": [finding_doc(f, flags) for f in t.findings]} for t in rep.failures]
+                 "probe": [finding_doc(f, flag) for f in t.findings]} for t in rep.failures]
     m = rep.tile_map
     return {
         "rule": rep.rule, "lse_base": rep.lse_base, "passed": rep.passed,

@@ -284,8 +284,9 @@ def precision_doc(m, notes, verdict) -> dict:
     }
 
 
-def check_doc(rep) -> dict:
-    """osm check --json (precision.CheckReport)."""
+def check_doc(rep, flag=None) -> dict:
+    """osm check --json (precision.CheckReport); flag: the CLI's parameter -> flag function
+    for the probe's advice (None: keywords)."""
     return {
         "shape": list(rep.shape), "inputs": [vars(r) for r in rep.notes],
         "verdict": verdict_doc(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
@@ -295,7 +296,7 @@ def check_doc(rep) -> dict:
         "hint": rep.hint or None,
         **({"gradients": [grad_check_doc(g) for g in rep.grads],
             "worst_gradient": rep.worst_grad.name} if rep.grads else {}),
-        **diagnosis_doc(rep),
+        **diagnosis_doc(rep, flag),
     }
 
 

@@ -76,10 +76,10 @@ def precision_summary(model, notes, verdict) -> Table:
     return kv_table(rows)
 
 
-def check_report(rep, name: str, top: int, flags: bool = True) -> Group:
+def check_report(rep, name: str, top: int, flag=None) -> Group:
     """osm check: the verdicts, one per tensor, what failed where and which convention fits,
     then the worst rows (of the failing tensor) and heads against the dtype-rounded reference.
-    flags: the probe's advice as --flags (the CLI) or keywords (the Python API)."""
+    flag: the CLI's parameter -> flag function, for the probe's advice (None: keywords)."""
     v = rep.verdict
     head = Text(f"{name}: shape {rep.shape}, judged as {v.dtype} against the float64 reference "
                 f"of the {v.dtype}-rounded Q, K, V")
@@ -122,7 +122,7 @@ def check_report(rep, name: str, top: int, flags: bool = True) -> Group:
     parts = [head, t]
     if rep.tensors:
         parts.append(diagnosis.tensor_table(rep))
-        parts += diagnosis.failure_lines(rep, flags)
+        parts += diagnosis.failure_lines(rep, flag)
         bias = diagnosis.bias_line(rep)
         if bias is not None:
             parts.append(bias)
@@ -171,7 +171,7 @@ def grads_report(rep, top: int) -> list:
                  f"{v.dtype}-rounded Q, K, V, dO"), t, worst, heads]
 
 
-def fail_line(rep, flags: bool = True) -> str:
+def fail_line(rep, flag=None) -> str:
     """The one line `osm check` prints on stderr when a kernel fails (a CheckReport): each
     failing tensor's rule, where it fails, and the convention it fits."""
     v, parts = rep.verdict, []
@@ -184,7 +184,7 @@ def fail_line(rep, flags: bool = True) -> str:
         s = "".join(f"; {r}" for r in t.reasons)
         s += f"; where: {t.where}" if t.where else ""
         if t.findings:
-            s += f"; probe: {diagnosis.advice(t.findings[0], flags)}"
+            s += f"; probe: {diagnosis.advice(t.findings[0], flag)}"
         return s
 
     def failing(name: str, fa_failed: bool) -> bool:
