@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from osm_cli.cli.flags import flag
 from osm_cli.precision.check import check
 from osm_cli.present.diagnosis import advice, failures_text
 from tests.kernels.planted import flash, planted
@@ -45,7 +46,7 @@ def _tensor(rep, name):
 
 
 def _messages(rep, name):
-    return [advice(f) for f in _tensor(rep, name).findings]
+    return [advice(f, flag) for f in _tensor(rep, name).findings]
 
 
 @pytest.mark.parametrize("case", [

@@ -125,7 +125,7 @@ def test_json_failures(runner, tmp_path):
     f = doc["failures"][0]
     assert f["tensor"] == "out" and f["rule"] == "fa" and f["max_error"] > f["bound"]
     assert f["where"]["heads"] == [[0, 0], [0, 1], [0, 2], [0, 3]]
-    assert f["probe"][0]["option"] == {"name": "scale", "value": 1 / 32}
+    assert f["probe"][0]["option"] == {"name": "softmax_scale", "value": 1 / 32}
     assert f["probe"][0]["message"].startswith("the kernel's output fits the scale 1/d = 0.03125")
 
 
