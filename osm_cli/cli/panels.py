@@ -25,6 +25,7 @@ PANELS = {
     "Kernel inputs": ("softcap", "alibi", "sinks", "sink", "cu_seqlens_q", "cu_seqlens_k",
                       "seqused_k", "page_table", "kv_layout", "q_descale", "k_descale",
                       "v_descale"),
+    "Verdict": ("rule", "rules_table", "no_probe", "strict"),
     "Kernel tensors": ("o_path", "lse", "do", "dq", "dk", "dv", "dq_path", "dk_path",
                        "dv_path", "block_mask"),
     "Cost model": ("seq_len", "head_dim", "heads", "dtype_bytes", "sram"),
