@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy as stn
-from conftest import osm
 
+from conftest import osm
 from osm_cli.io import load_array, load_bundle, tensor_names
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
