@@ -152,31 +152,34 @@ def baseline_lines(b) -> Text:
 # attention_trace's variants, tried in order until one fits: (digits, the O[:3] column, m and
 # l as "before → after"); the narrowest show m and l after each tile (the row above: before)
 TRACE_VARIANTS = (
-    (7, True, True), (6, True, True), (7, False, True), (6, False, True), (5, False, True),
-    (6, False, False), (5, False, False), (4, False, False),
+    (7, 3, True), (6, 3, True), (7, 3, False), (6, 3, False), (5, 3, False), (6, 2, False),
+    (5, 2, False), (5, 1, False), (4, 1, False), (4, 0, False),
 )
 
 
 def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
     """The traced query row, tile by tile (attention_results shows its output).
 
-    Numbers get 7 significant digits; to fit `width`, 6, then without the O[:3] column (‖O‖
-    stays; the title says so), then fewer digits and m and l shown after each tile only.
+    Numbers get 7 significant digits; to fit `width`, 6, then m and l shown after each tile
+    only, then fewer of O's leading components (‖O‖ stays; the title says what is left out).
     The steps are attention's Step records, so a backward trace can render through this too.
     """
     return fit(lambda v: _attention_trace(res, show_all, *v), width, TRACE_VARIANTS)
 
 
-def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
+def _attention_trace(res, show_all: bool, d: int, o_shown: int = 3,
                      arrows: bool = True) -> Group:
     b, h, i = res.traced
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     nc = {"justify": "right", "no_wrap": True}
     for name in ("tile", "keys", "tile max", "m", "α", "l"):
         t.add_column(name, **nc)
-    shown = len(res.trace[0].o) if res.trace else 0
+    held = len(res.trace[0].o) if res.trace and res.trace[0].o is not None else 0
+    shown = min(held, o_shown)
+    with_o = shown > 0
+    dv = res.out.shape[-1] if getattr(res, "out", None) is not None else held
     if with_o:
-        t.add_column(f"O[:{shown}] (unnormalised)", no_wrap=True)
+        t.add_column(f"O[:{shown}]" + (f" of {dv}" if dv > shown else ""), no_wrap=True)
     t.add_column("‖O‖", **nc)
 
     pages = any(st.pages for st in res.trace)
@@ -216,8 +219,14 @@ def _attention_trace(res, show_all: bool, d: int, with_o: bool = True,
     fill(t, len(res.trace), row, show_all, moved, "tiles")
     what = "sequence" if getattr(res, "batch", "") else "batch"
     title = f"trace of {what} {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
-    if not with_o:
-        title += f"\n(O[:{shown}] left out at this width: --csv or --json has it)"
+    if shown < held:
+        title += (f"\n(O[{shown}:{held}] left out at this width: --json or --csv has it, "
+                  "--explain its arithmetic)")
+    computed = [s for s in res.trace if not s.masked and not s.sink]
+    keys = max((s.stop for s in res.trace if not s.sink), default=0)
+    if len(computed) == 1 and keys > 1:
+        title += (f"\n(one K/V tile holds all {keys} keys, so no online step shows: "
+                  f"--block-k {max(1, keys // 4)} makes tiles of {max(1, keys // 4)} keys)")
     if not arrows:
         title += "\nm and l after each tile (the row above holds their values before it)"
     if any(st.kind is not None for st in res.trace):

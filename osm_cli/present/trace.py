@@ -48,6 +48,9 @@ def _step_table(trace, show_all: bool, d: int, with_values: bool = True,
         if merge
         else "form rescale: m = max(m, block max), α = exp(m_old − m), l = l·α + Σ exp(s − m)"
     )
+    if not with_values and trace.block <= VALUES_UP_TO and not merge:
+        title += ("\n(the values column is left out at this width: --explain lists each "
+                  "block's scores)")
     if not arrows:
         title += "\nm and l after each block (the row above holds their values before it)"
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
