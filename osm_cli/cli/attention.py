@@ -59,6 +59,7 @@ from .options import (
     PrecisionOpt,
     QDescaleOpt,
     QueryOpt,
+    RandomOpt,
     ScaleOpt,
     SeedOpt,
     ShowAllOpt,
@@ -75,9 +76,9 @@ from .options import (
 @kernel_inputs
 def attention(
     files: Annotated[
-        list[str], typer.Argument(help="Q K V as .npy/.safetensors files, or one .npz or "
-                                  ".safetensors holding q, k, v.")
-    ],
+        list[str] | None, typer.Argument(help="Q K V as .npy/.safetensors/.txt/.csv files, or "
+                                         "one .npz or .safetensors holding q, k, v.")
+    ] = None,
     causal: CausalOpt = False,
     causal_align: CausalAlignOpt = Align.bottom_right,
     window: WindowOpt = None,
@@ -136,6 +137,7 @@ def attention(
         "pip install 'osm-cli[plot]').")] = None,
     step: StepOpt = False,
     explain: ExplainOpt = False,
+    random: RandomOpt = None,
     as_json: JsonOpt = False,
     inputs=None,
 ):
@@ -149,10 +151,11 @@ def attention(
     \b
     Examples:
       osm attention samples/q.npy samples/k.npy samples/v.npy
-      osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4
-      osm attention q.npy k.npy v.npy --out o.npy --lse lse.npy --no-reference
-      osm attention q.npy k.npy v.npy --dtype bf16
-      osm attention q.npy k.npy v.npy --dtype bf16 --kernel fa4
+      osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4 --explain
+      osm attention --random 1,2,16,4 --seed 1 --causal --block-q 4 --block-k 4
+      osm attention samples/qkv.npz --out o.npy --lse lse.npy --no-reference
+      osm attention samples/qkv.npz --dtype bf16 --block-k 2
+      osm attention samples/qkv.npz --dtype bf16 --kernel fa4
     """
     from osm_cli import io
     from osm_cli.flash.options import Tiling
@@ -163,7 +166,17 @@ def attention(
     from osm_cli.reports.attention import attention_report
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
-    q, k, v = io.load_qkv(files, input_dtype)
+    if random is not None and files:
+        raise OsmError("give Q K V files or --random B,H,N,d, not both")
+    if random is None and not files:
+        raise OsmError("give Q K V as files (or one .npz), or --random B,H,N,d")
+    if random is not None:
+        from osm_cli.studies.inputs import parse_shape, random_qkv
+
+        q, k, v = random_qkv(parse_shape(random), seed)
+        files = [f"--random {random} --seed {seed}"]
+    else:
+        q, k, v = io.load_qkv(files, input_dtype)
     opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, q)
     if opts.packing.active and (plot or step):
         raise OsmError("--plot and --step draw one dense head; a varlen or paged batch runs "
@@ -277,15 +290,14 @@ def check(
     may name its tensors as FlashAttention and PyTorch do (softmax_lse, dout, o, query, …).
     On a failure osm says where the failing rows are (heads, sequences, tiles) and which other
     convention the kernel fits (LSE base 2, causal alignment, scale, GQA map, layout, …).
+    Examples name files of samples/; a kernel's own: osm check out.npy q.npy k.npy v.npy
+    --lse lse.npy --causal, or a bundle: osm check flashinfer_out.npz --lse-base 2.
 
     \b
     Examples:
       osm check samples/kernel_fp16.npz --causal
-      osm check kernel.safetensors --causal
-      osm check out.npy q.npy k.npy v.npy --lse lse.npy --dtype fp16 --causal
-      osm check out.npy qkv.npz --dtype bf16 --causal-align top-left --causal
-      osm check out.npy q.npy k.npy v.npy --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy
-      osm check flashinfer_out.npz --causal --lse-base 2 --rule model --rules-table
+      osm check samples/kernel_bf16.safetensors --causal
+      osm check samples/kernel_fp16.npz --causal --top 3 --json
     """
     from osm_cli import io
     from osm_cli.precision.check import check as judge

@@ -33,6 +33,7 @@ from .options import (
     DtypeOpt,
     HeadOpt,
     InputDtypeOpt,
+    InputSeedOpt,
     JsonOpt,
     KernelOpt,
     Layout,
@@ -42,6 +43,7 @@ from .options import (
     MmaOpt,
     NoReferenceOpt,
     QueryOpt,
+    RandomOpt,
     ScaleOpt,
     ShowAllOpt,
     WindowOpt,
@@ -57,9 +59,10 @@ def _write(name: str, what: str):
 @exports
 @kernel_inputs
 def backward(
-    files: Annotated[list[str], typer.Argument(
+    files: Annotated[list[str] | None, typer.Argument(
         help="Q K V DO as four tensor files (.npy, .safetensors), or one .npz or .safetensors "
-             "holding q, k, v, do (and optionally the forward's o and lse).")],
+             "holding q, k, v, do (and optionally the forward's o and lse); without DO (three "
+             "files, or a bundle with no do) a seeded one is used.")] = None,
     o_path: Annotated[str | None, typer.Option(
         "--o", help="The forward's saved O (.npy), e.g. a kernel's; give --lse with it.")] = None,
     lse_path: Annotated[str | None, typer.Option(
@@ -90,6 +93,8 @@ def backward(
     show_all: ShowAllOpt = False,
     csv: csv_option("both traces") = None,
     input_dtype: InputDtypeOpt = None,
+    random: RandomOpt = None,
+    seed: InputSeedOpt = 0,
     as_json: JsonOpt = False,
     inputs=None,
 ):
@@ -104,9 +109,10 @@ def backward(
     \b
     Examples:
       osm backward samples/q.npy samples/k.npy samples/v.npy samples/do.npy
-      osm backward samples/qkv.npz samples/do.npy --causal --key 3 --query 5
-      osm backward q.npy k.npy v.npy do.npy --o o.npy --lse lse.npy --dtype bf16
-      osm backward q.npy k.npy v.npy do.npy --dtype bf16 --kernel fa4
+      osm backward samples/backward_tiny.npz --scale 1 --block-k 1
+      osm backward samples/q.npy samples/k.npy samples/v.npy --causal --key 3 --query 5
+      osm backward --random 1,2,8,4 --seed 3 --block-k 2
+      osm backward samples/backward_tiny.npz --dtype bf16 --kernel fa4
     """
     from osm_cli import io
     from osm_cli.flash.options import Tiling
@@ -121,7 +127,7 @@ def backward(
     if (o_path is None) != (lse_path is None):
         raise OsmError("give --o and --lse together (the forward's saved O and LSE), or "
                        "neither (osm runs its own forward)")
-    given = io.load_backward(files, input_dtype)
+    given, made_up = backward_inputs(files, input_dtype, random, seed)
     for name, path in (("out", o_path), ("lse", lse_path)):
         if path is not None:
             given[name] = io.load_array(Path(path), raw_as=input_dtype)
@@ -150,7 +156,41 @@ def backward(
          (csv, lambda: export.grad_trace_csv(res), "both traces, CSV"))
     if as_json:
         return emit_json(documents.backward_doc(rep))
+    for line in made_up:
+        out.print(line)
     for part in (*render.backward_heads(rep), render.key_trace(rep, out.width, show_all),
                  render.query_trace(rep, out.width, show_all),
                  render.backward_results(rep, show_all)):
         out.print(part)
+
+
+def backward_inputs(files, raw_as, random, seed):
+    """(q, k, v, do and the rest as io.load_backward gives them, lines saying what was made
+    up): the files, or --random's Q, K, V; without a dO, a seeded one."""
+    from osm_cli import io
+    from osm_cli.errors import InputError
+    from osm_cli.studies.inputs import parse_shape, random_qkv, seeded_do
+
+    if random is not None and files:
+        raise OsmError("give Q K V (DO) files or --random B,H,N,d, not both")
+    made: list[str] = []
+    if random is not None:
+        q, k, v = random_qkv(parse_shape(random), seed)
+        given = {"q": q, "k": k, "v": v}
+        made.append(f"Q, K, V: standard normal, shape {q.shape}, seed {seed} (--random)")
+    elif not files:
+        raise OsmError("give Q K V DO as files (or Q K V, or one .npz), or --random B,H,N,d")
+    elif len(files) == 3:
+        given = dict(zip("qkv", io.load_qkv(files, raw_as), strict=True))
+    else:
+        try:
+            given = io.load_backward(files, raw_as)
+        except InputError as e:
+            if len(files) != 1 or "has no array 'do'" not in str(e):
+                raise
+            given = dict(zip("qkv", io.load_qkv(files, raw_as), strict=True))
+    if "do" not in given:
+        given["do"] = seeded_do(given["q"], given["v"], seed)
+        made.append(f"dO: none given, so a seeded standard-normal one (seed {seed}; --seed "
+                    "picks another, or give DO as a file)")
+    return given, made

@@ -179,6 +179,11 @@ QDescaleOpt, KDescaleOpt, VDescaleOpt = (descale_option(w) for w in "qkv")
 CsvOpt = csv_option("the step table")
 SweepCsvOpt = csv_option("the sweep table")
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --order shuffle.")]
+RandomOpt = Annotated[str | None, typer.Option(
+    "--random", metavar="B,H,N,d", help="No files: seeded standard-normal Q, K, V of shape "
+    "(B, H, N, d) (--seed picks them).")]
+InputSeedOpt = Annotated[int, typer.Option(
+    "--seed", help="Seed of --random's Q, K, V and of a dO made up when none is given.")]
 # common.exports gives a command these two (trace, attention; backward with one line)
 SvgOpt = Annotated[Path | None, typer.Option(
     "--svg", metavar="FILE.svg", help="Also write what is printed to FILE as SVG (a picture "

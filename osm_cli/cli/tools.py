@@ -78,9 +78,9 @@ def merge(
 
     \b
     Examples:
-      osm merge o0.npy lse0.npy o1.npy lse1.npy --out o.npy --lse lse.npy
-      osm merge o0.npy lse0.npy o1.npy lse1.npy --lse-base 2 --row 5
-    """
+      osm merge samples/partials/o0.npy samples/partials/lse0.npy samples/partials/o1.npy samples/partials/lse1.npy
+      osm merge samples/partials/o0.npy samples/partials/lse0.npy samples/partials/o1.npy samples/partials/lse1.npy --out o.npy --lse lse.npy
+    """  # noqa: E501 (examples run as written, one a line)
     from osm_cli import io
     from osm_cli.present import json as documents
     from osm_cli.present import tables as render
@@ -148,9 +148,9 @@ def sweep(
     \b
     Examples:
       osm sweep samples/matrix.txt --blocks 1,2,4
-      osm sweep scores.npy --blocks 16,32,64,128,256 --sram 192KiB --accum float32
-      osm sweep q.npy k.npy v.npy --blocks 16,32,64,128,256 --sram 192KiB --causal
-      osm sweep q.npy k.npy v.npy --blocks 32,64,128 --dtype bf16 --kernel fa4
+      osm sweep samples/scores.txt --blocks 1,2,4 --accum float32
+      osm sweep samples/long.npz --blocks 16,32,64,128,256 --sram 192KiB --causal
+      osm sweep samples/long.npz --blocks 32,64,128 --dtype bf16 --kernel fa4
     """
     from osm_cli import io
     from osm_cli.present import csv as export

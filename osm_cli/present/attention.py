@@ -222,9 +222,9 @@ def _attention_trace(res, show_all: bool, d: int, o_shown: int = 3,
     if shown < held:
         title += (f"\n(O[{shown}:{held}] left out at this width: --json or --csv has it, "
                   "--explain its arithmetic)")
-    computed = [s for s in res.trace if not s.masked and not s.sink]
-    keys = max((s.stop for s in res.trace if not s.sink), default=0)
-    if len(computed) == 1 and keys > 1:
+    tiles = [s for s in res.trace if not s.sink]
+    keys = tiles[0].stop - tiles[0].start if len(tiles) == 1 else 0
+    if keys > 1:  # the whole row in one tile: nothing online to see
         title += (f"\n(one K/V tile holds all {keys} keys, so no online step shows: "
                   f"--block-k {max(1, keys // 4)} makes tiles of {max(1, keys // 4)} keys)")
     if not arrows:

@@ -1,0 +1,51 @@
+"""Every example of every command's --help runs as written from the repository root: exit 0
+(or 1 for `osm check` judging a failing kernel, which is its verdict), no traceback.
+
+They run in a scratch folder that sees samples/ (so `--out o.npy` writes there), through
+typer's runner."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from osm_cli.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = sorted(typer.main.get_command(app).commands)
+
+
+def _examples():
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    for name in COMMANDS:
+        text = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
+        lines = text[text.index("Example"):].splitlines()[1:]
+        for line in lines:
+            line = line.strip()
+            if not line.startswith("osm "):
+                if line and not line.startswith(("#", "…")):
+                    break
+                continue
+            yield name, line
+
+
+EXAMPLES = list(_examples())
+
+
+def test_every_command_has_examples():
+    assert {name for name, _ in EXAMPLES} == set(COMMANDS)
+
+
+@pytest.mark.parametrize("name, line", EXAMPLES, ids=[line for _, line in EXAMPLES])
+def test_help_example_runs(runner, tmp_path, monkeypatch, name, line):
+    (tmp_path / "samples").symlink_to(ROOT / "samples", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, shlex.split(line)[1:])
+    both = result.stdout + result.stderr
+    assert "Traceback" not in both
+    assert result.exit_code == 0, f"$ {line}\n{both}"
