@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from osm_cli.cli import app
-from osm_cli.studies.inputs import parse_shape, random_qkv, seeded_do
+from osm_cli.studies.inputs import random_qkv, seeded_do
 
 
 def test_random_is_seeded_and_shaped():

@@ -18,6 +18,7 @@ from . import attention as _attention
 from . import backward as _backward
 from . import battery as _battery
 from . import tools as _tools
+from . import tour as _tour
 from . import trace as _trace
 from .options import PLOT_LIMIT, VersionOpt
 from .panels import PanelledCommand
@@ -49,5 +50,6 @@ command(_tools.sweep)
 command(_tools.cost)
 command(_attention.check)
 command(_battery.battery)
+command(_tour.tour)
 
 __all__ = ["PLOT_LIMIT", "app"]

@@ -70,5 +70,17 @@ def attention_explained(res, show_all: bool = False) -> Group:
                  Text(""))
 
 
-__all__ = ["attention_explained", "attention_step", "step_block", "trace_explained",
-           "trace_step"]
+def screen_heading(heading: str, n: int, total: int, prose: str, line: str) -> Group:
+    """A tour screen's top: a rule with the heading, the prose, the command about to run."""
+    from rich.rule import Rule
+
+    return Group(Rule(Text(f"{heading}  ({n} of {total})", style="bold"), align="left"),
+                 Text(prose), Text(f"\n$ osm {line}", style="bold cyan"))
+
+
+def screen_prompt() -> Text:
+    return Text("Enter: next screen · q: stop", style="bold")
+
+
+__all__ = ["attention_explained", "attention_step", "screen_heading", "screen_prompt",
+           "step_block", "trace_explained", "trace_step"]
