@@ -43,10 +43,11 @@ def test_files_and_random_together_are_refused(runner):
     assert r.stderr == "Error: give Q K V files or --random B,H,N,d, not both\n"
 
 
-def test_no_inputs_at_all(runner):
-    r = runner.invoke(app, ["attention"])
-    assert r.exit_code == 1
-    assert r.stderr == "Error: give Q K V as files (or one .npz), or --random B,H,N,d\n"
+@pytest.mark.parametrize("command", ["attention", "backward"])
+def test_no_inputs_at_all_is_a_usage_error(runner, command):
+    r = runner.invoke(app, [command])
+    assert r.exit_code == 2
+    assert "Invalid value for FILES: give Q K V" in r.stderr and "--random B,H,N,d" in r.stderr
 
 
 def test_backward_without_do_uses_a_seeded_one_and_says_so(runner, tmp_path):

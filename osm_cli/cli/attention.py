@@ -168,8 +168,9 @@ def attention(
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
     if random is not None and files:
         raise OsmError("give Q K V files or --random B,H,N,d, not both")
-    if random is None and not files:
-        raise OsmError("give Q K V as files (or one .npz), or --random B,H,N,d")
+    if random is None and not files:  # a usage error (exit 2), as a missing argument was
+        raise typer.BadParameter("give Q K V as files (or one .npz), or --random B,H,N,d",
+                                 param_hint="FILES")
     if random is not None:
         from osm_cli.studies.inputs import parse_shape, random_qkv
 

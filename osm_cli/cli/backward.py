@@ -179,7 +179,8 @@ def backward_inputs(files, raw_as, random, seed):
         given = {"q": q, "k": k, "v": v}
         made.append(f"Q, K, V: standard normal, shape {q.shape}, seed {seed} (--random)")
     elif not files:
-        raise OsmError("give Q K V DO as files (or Q K V, or one .npz), or --random B,H,N,d")
+        raise typer.BadParameter("give Q K V DO as files (or Q K V, or one .npz), or --random "
+                                 "B,H,N,d", param_hint="FILES")
     elif len(files) == 3:
         given = dict(zip("qkv", io.load_qkv(files, raw_as), strict=True))
     else:

@@ -203,8 +203,8 @@ def guarded(fn):
             fail(as_flags(str(exc)))  # the library's `parameter` names as flags
         except MemoryError:
             fail("out of memory; try smaller inputs or blocks")
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
-            raise
+        except (typer.Exit, typer.Abort, typer.BadParameter, KeyboardInterrupt):
+            raise  # a usage error (typer.BadParameter) is typer's to report: exit 2
         except Exception as exc:  # a bug in osm: still one line, the traceback on request
             said = streams.stream_failure(exc) if isinstance(exc, OSError) else None
             if said is not None and said[0] is None:

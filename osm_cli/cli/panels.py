@@ -14,7 +14,7 @@ import typer.core
 
 # panel -> the parameter names it groups, in the order the panels are printed
 PANELS = {
-    "Scores": ("values",),
+    "Scores": ("values", "random"),
     "Masking": ("causal", "causal_align", "window", "mask", "scale", "layout", "score_mod",
                 "mask_mod"),
     "Tiling": ("block", "blocks", "block_q", "block_k", "form", "order", "seed", "splits",
@@ -36,8 +36,8 @@ PANELS = {
 # where a command's name means another thing: backward's --lse reads the forward's LSE, cost's
 # --batch is the batch size
 COMMAND_PANELS = {
-    "backward": {"lse_path": "Kernel tensors"},
     "cost": {"batch": "Cost model"},
+    "backward": {"lse_path": "Kernel tensors", "seed": "Scores"},
 }
 _PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 

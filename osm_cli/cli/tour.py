@@ -67,7 +67,7 @@ def tour(
     Examples:
       osm tour
       osm tour --screen 5
-      osm tour | less
+      osm tour --screen 8
     """
     import shlex
 
