@@ -23,7 +23,7 @@ def sections(text: str) -> list[str]:
 def test_attention_help_groups_its_options_in_panels_at_80_columns():
     r = osm("attention", "--help", width=80)
     assert r.exit_code == 0
-    assert sections(r.stdout) == ["Arguments", "Masking", "Tiling", "Trace",
+    assert sections(r.stdout) == ["Arguments", "Scores", "Masking", "Tiling", "Trace",
                                   "Precision & kernel", "Kernel inputs", "Output", "Options"]
     assert max(map(len, r.stdout.splitlines())) <= 80
     masking = r.stdout.split("\nMasking:\n")[1].split("\n\n")[0]

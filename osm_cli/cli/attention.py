@@ -151,8 +151,8 @@ def attention(
     \b
     Examples:
       osm attention samples/q.npy samples/k.npy samples/v.npy
-      osm attention samples/qkv.npz --causal --head 1 --query 5 --block-k 4 --explain
-      osm attention --random 1,2,16,4 --seed 1 --causal --block-q 4 --block-k 4
+      osm attention samples/qkv.npz --causal --query 5 --block-k 4 --explain
+      osm attention --random 1,2,16,4 --causal --block-q 4 --block-k 4
       osm attention samples/qkv.npz --out o.npy --lse lse.npy --no-reference
       osm attention samples/qkv.npz --dtype bf16 --block-k 2
       osm attention samples/qkv.npz --dtype bf16 --kernel fa4

@@ -153,7 +153,8 @@ def baseline_lines(b) -> Text:
 # l as "before → after"); the narrowest show m and l after each tile (the row above: before)
 TRACE_VARIANTS = (
     (7, 3, True), (6, 3, True), (7, 3, False), (6, 3, False), (5, 3, False), (6, 2, False),
-    (5, 2, False), (5, 1, False), (4, 1, False), (4, 0, False),
+    (5, 2, False), (5, 1, False), (7, 0, True), (6, 0, True), (7, 0, False), (6, 0, False),
+    (5, 0, False), (4, 0, False),
 )
 
 
