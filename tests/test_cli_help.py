@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import osm
 
 import osm_cli
+from conftest import osm
 from osm_cli.cli.panels import PANELS, panel_of
 
 COMMANDS = ("trace", "attention", "backward", "overflow-demo", "merge", "sweep", "cost",

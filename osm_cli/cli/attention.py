@@ -291,7 +291,7 @@ def check(
     may name its tensors as FlashAttention and PyTorch do (softmax_lse, dout, o, query, …).
     On a failure osm says where the failing rows are (heads, sequences, tiles) and which other
     convention the kernel fits (LSE base 2, causal alignment, scale, GQA map, layout, …).
-    Examples name files of samples/; a kernel's own: osm check out.npy q.npy k.npy v.npy
+    A kernel's own files: osm check out.npy q.npy k.npy v.npy
     --lse lse.npy --causal, or a bundle: osm check flashinfer_out.npz --lse-base 2.
 
     \b
