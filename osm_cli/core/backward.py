@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from osm_cli.errors import InputError
+
 
 @dataclass(frozen=True)
 class GradUpdate:
@@ -75,6 +77,14 @@ def backward_step(
     """
     with np.errstate(over="ignore"):  # a score far below the LSE underflows to 0, rightly
         p = np.exp(s - lse[..., None])
+    if np.isinf(p).any():  # an LSE far below its row's scores: refused, not NaN gradients
+        row = np.unravel_index(int(np.argmax(np.isinf(p).any(axis=-1))), p.shape[:-1])
+        big = np.log(np.finfo(p.dtype).max)
+        raise InputError(
+            f"an LSE of {float(lse[row]):.6g} is below its row's largest score "
+            f"{float(s[row].max()):.6g} by more than ln(max {p.dtype.name}) = {big:.4g}, so "
+            "exp(S − LSE) overflows: an LSE is at least the largest score of its row (give the "
+            "LSE the forward wrote, natural log; docs/inputs.md#kernel-inputs)")
     dp = do @ np.swapaxes(v, -1, -2)
     ds = p * (dp - d[..., None])
     if ds_factor is not None:

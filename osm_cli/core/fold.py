@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .fastfold import EagerFold, eligible
+from .inputs import as_numbers
 from .record import Step, StepColumns
 from .state import (
     FORMS,
@@ -90,7 +91,7 @@ class Folding:
             raise ValueError(f"form must be one of {FORMS}, not {form!r}")
         if block < 1:
             raise ValueError("block must be at least 1")
-        self.s2 = np.atleast_2d(scores)
+        self.s2 = np.atleast_2d(as_numbers(scores, "scores"))
         block = min(int(block), max(1, self.s2.shape[1]))  # longer than the row: one block
         self.block, self.form, self.row, self.order = block, form, row, order
         self.step_kw = {"threshold": threshold} if form == "rescale" else {}
@@ -184,7 +185,9 @@ def online_softmax(
 
     Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 - 5)
     """
+    scores = as_numbers(scores, "scores")  # [1, 2, 5, 3] and integers as float64
     run = Folding(scores, block, form, row=row, order=order, threshold=threshold)
+    block = run.block
     head, tail, count = _ends(run.columns(), keep)
     steps = tuple(st for part in (head, tail) if part is not None for st in run.records(part))
     state = run.state

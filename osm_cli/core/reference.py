@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .inputs import as_numbers
+
 
 def stable_softmax(scores: np.ndarray, *, guard: bool = True) -> np.ndarray:
     """exp(s - max s) / Σ exp(s - max s) along the last axis.
@@ -19,7 +21,7 @@ def stable_softmax(scores: np.ndarray, *, guard: bool = True) -> np.ndarray:
 
     Example: stable_softmax(np.array([100., 102., 99.])) -> [0.1142, 0.8438, 0.0420]
     """
-    s = np.asarray(scores)
+    s = as_numbers(scores, "scores")
     return stable_from(s, *softmax_stats(s, guard=guard), guard=guard)
 
 
@@ -60,6 +62,7 @@ def max_abs_diff(a, b) -> float:
 
 def naive_softmax(scores: np.ndarray) -> np.ndarray:
     """exp(s) / Σ exp(s), as written: inf / inf = nan once exp overflows the dtype."""
+    scores = as_numbers(scores, "scores")
     return naive_from(scores, naive_total(scores))
 
 
@@ -77,7 +80,7 @@ def naive_from(scores: np.ndarray, total: np.ndarray) -> np.ndarray:
 
 def logsumexp(scores: np.ndarray) -> np.ndarray:
     """ln Σ exp(s) along the last axis, stabilized; -inf for rows of only -inf."""
-    s = np.asarray(scores)
+    s = as_numbers(scores, "scores")
     m = s.max(axis=-1)
     ref = np.where(np.isneginf(m), 0.0, m)
     with np.errstate(divide="ignore", over="ignore"):

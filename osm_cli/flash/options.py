@@ -30,6 +30,37 @@ from .mods import MaskMod, ScoreMod
 from .names import ALIGNS, LAYOUTS, MASKED_LSE
 from .packed import Packing
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # kernels hold scale, softcap, slopes, sinks so
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
+def _held(name: str, x: float, what: str, tiny: bool = False) -> None:
+    """InputError unless x is finite and survives float32, the dtype a kernel holds it in
+    (softcap also its reciprocal: s / C must not overflow)."""
+    if not math.isfinite(x):
+        raise InputError(f"{what} must be a finite number, not {x}")
+    if abs(x) > FLOAT32_MAX:
+        raise InputError(f"{name} {x:g} is past float32's largest {FLOAT32_MAX:.8g}, the dtype "
+                         "kernels hold it in (docs/inputs.md#kernel-inputs)")
+    if tiny and 0 < abs(x) < FLOAT32_TINY:
+        raise InputError(f"{name} {x:g} is below float32's smallest normal {FLOAT32_TINY:.8g}; "
+                         "a kernel dividing by it overflows (docs/inputs.md#kernel-inputs)")
+
+
+def check_alibi_reach(slopes, t: int, s: int) -> None:
+    """InputError when an ALiBi bias −slope·|i + s − t − j| (distances up to max(t, s)) would
+    leave float32 (the kernels add it to float32 scores): |slope|·max(t, s) ≤ FLOAT32_MAX / 2,
+    half left for the score it is added to."""
+    if slopes is None:
+        return
+    top = float(np.abs(np.asarray(slopes, dtype=np.float64)).max(initial=0.0))
+    reach = max(t, s, 1)
+    if top * reach > FLOAT32_MAX / 2:
+        raise InputError(f"alibi_slopes holds {top:g}: times a distance of up to {reach} keys "
+                         f"the bias reaches {top * reach:.3g}, past float32's range "
+                         f"(|slope|·max(t, s) ≤ {FLOAT32_MAX / 2:.3g}; "
+                         "docs/inputs.md#kernel-inputs)")
+
 
 def default_scale(d: int) -> float:
     """The score scale when none is given: 1/sqrt(d), d the head dim (docs/numerics.md#scale)."""
@@ -71,10 +102,12 @@ class ScoreOptions:
             object.__setattr__(self, "score_mod", ScoreMod.of(self.score_mod))
         if self.mask_mod is not None:
             object.__setattr__(self, "mask_mod", MaskMod.of(self.mask_mod))
-        if self.scale is not None and not math.isfinite(self.scale):
-            raise InputError(f"the scale must be a finite number, not {self.scale}")
-        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
-            raise InputError(f"softcap must be a positive finite number, not {self.softcap}")
+        if self.scale is not None:
+            _held("scale", self.scale, "the scale")
+        if self.softcap is not None:
+            if not (math.isfinite(self.softcap) and self.softcap > 0):
+                raise InputError(f"softcap must be a positive finite number, not {self.softcap}")
+            _held("softcap", self.softcap, "softcap", tiny=True)
         for name, ndims in (("alibi_slopes", (1, 2)), ("sinks", (1,))):
             x = getattr(self, name)
             if x is None:
@@ -87,6 +120,11 @@ class ScoreOptions:
             if not np.isfinite(x).all():
                 raise InputError(f"{name} must be finite; it holds "
                                  f"{x[~np.isfinite(x)].flat[0]}")
+            big = np.abs(x.astype(np.float64)) > FLOAT32_MAX
+            if big.any():
+                raise InputError(f"{name} holds {x[big].flat[0]:g}, past float32's largest "
+                                 f"{FLOAT32_MAX:.8g}, the dtype kernels hold it in "
+                                 "(docs/inputs.md#kernel-inputs)")
 
     def scale_for(self, d: int) -> float:
         return default_scale(d) if self.scale is None else self.scale
@@ -196,6 +234,7 @@ def check_masked_lse(masked_lse: str) -> None:
 
 
 __all__ = [
-    "ALIGNS", "LAYOUTS", "MASKED_LSE", "Hooks", "ScoreOptions", "Tiling", "alibi_auto",
+    "ALIGNS", "FLOAT32_MAX", "FLOAT32_TINY", "LAYOUTS", "MASKED_LSE", "Hooks", "ScoreOptions",
+    "Tiling", "alibi_auto", "check_alibi_reach",
     "default_blocks", "default_scale", "layout_of", "split_options",
 ]

@@ -164,6 +164,9 @@ def _k_rows(k, v, p: Packing, mode: str, batch: int):
             raise InputError("a paged K/V cache needs seqused_k (each sequence's used length)")
         num_pages = k.shape[0]
         page_size = k.shape[1] if p.kv_layout == "nhd" else k.shape[2]
+        if page_size == 0 or num_pages == 0:  # docs/inputs.md#zero-size-inputs
+            raise ShapeError(f"the paged K/V cache has {num_pages} pages of {page_size} keys; "
+                             "a cache needs at least one page of at least one key")
         avail = np.full(batch, table.shape[1] * page_size)
         rows, pages = [], []
         used = _ints(p.seqused_k, "seqused_k", 1)

@@ -41,7 +41,7 @@ from .masks import (
     tile_kind,
 )
 from .mods import MaskMod, ScoreMod, TileMod
-from .options import Hooks, ScoreOptions, Tiling
+from .options import Hooks, ScoreOptions, Tiling, check_alibi_reach
 from .shapes import bhnd_inputs, broadcast_mask, check_finite, check_traced, kv_head
 
 O_SHOWN = 3  # components of O a trace step keeps
@@ -219,6 +219,7 @@ def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_a
         accum = np.float64 if np.float64 in (q4.dtype, k4.dtype, v4.dtype) else np.float32
     q_max, k_max, _ = (check_finite(x, name) for x, name in ((q4, "Q"), (k4, "K"), (v4, "V")))
     check_score_range(q4, k4, opts.scale_for(d), accum, q_max, k_max)
+    check_alibi_reach(opts.alibi_slopes, t, s)
     band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
     mask = check_mask(opts.mask)
     user_mask = None

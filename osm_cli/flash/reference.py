@@ -27,7 +27,7 @@ from osm_cli.core.reference import logsumexp, max_abs_diff, stable_softmax
 from .forward import Attention
 from .masks import alibi_bias, check_score_range, make_band, scale_q, score_tile
 from .mods import MaskMod, ScoreMod, TileMod
-from .options import MASKED_LSE, ScoreOptions, split_options
+from .options import MASKED_LSE, ScoreOptions, check_alibi_reach, split_options
 from .packed import each_sequence, plan_packing, scatter_kv, scatter_lse, scatter_rows
 from .plan import per_head
 from .shapes import (
@@ -93,6 +93,7 @@ class Mods:
 
     @classmethod
     def of(cls, opts: ScoreOptions, b: int, hq: int, t: int, s: int) -> Mods:
+        check_alibi_reach(opts.alibi_slopes, t, s)
         slopes, sinks = (None if x is None else per_head(x, name, b, hq, hq, np.float64)
                          .reshape(b, hq) for x, name in ((opts.alibi_slopes, "alibi_slopes"),
                                                           (opts.sinks, "sinks")))

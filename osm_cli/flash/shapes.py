@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from osm_cli.core.inputs import as_numbers
 from osm_cli.errors import InputError, ShapeError
 
 from .options import LAYOUTS
@@ -64,6 +65,10 @@ def check_inputs(q, k, v) -> None:
         raise ShapeError(f"K and V sequence lengths differ: K has {s} keys, V has {sv}")
     if hk != hv:
         raise ShapeError(f"K and V head counts differ: K has {hk}, V has {hv}")
+    if hq == 0 or hk == 0:  # no GQA group to speak of (docs/inputs.md#zero-size-inputs)
+        raise ShapeError(f"Q has {hq} heads and K/V {hk}; attention needs at least one head")
+    if b == 0:
+        raise ShapeError("Q, K and V have a batch of 0; attention needs at least one sequence")
     if not (bk == bv == b):
         raise ShapeError(f"batch sizes differ: Q {b}, K {bk}, V {bv}")
     if hq % hk:
@@ -75,7 +80,7 @@ def check_inputs(q, k, v) -> None:
 
 def bhnd_inputs(q, k, v, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q, K and V viewed as (B, H, N, d) (as_bhnd) and checked against each other."""
-    q4, k4, v4 = (as_bhnd(np.asarray(x), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
+    q4, k4, v4 = (as_bhnd(as_numbers(x, n), layout, n) for x, n in ((q, "Q"), (k, "K"), (v, "V")))
     check_inputs(q4, k4, v4)
     return q4, k4, v4
 
@@ -103,6 +108,9 @@ def check_traced(trace_at: tuple | None, bht: tuple) -> None:
     if trace_at is None:
         return
     (tb, th, ti), (b, hq, t) = trace_at, bht
+    if 0 in (b, hq, t):  # docs/inputs.md#zero-size-inputs
+        raise InputError(f"Q has no query rows to trace: (B, H, t) = ({b}, {hq}, {t}); give at "
+                         "least one (or trace_at=None for an empty result)")
     if not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
         raise InputError(
             f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "

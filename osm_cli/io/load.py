@@ -90,7 +90,16 @@ def load_array(path: Path, *, key: str | None = None, mmap: bool = True,
     check_file(path)
     if tensorfile.is_safetensors(path):
         return tensorfile.tensor(path, key)
-    return view_raw(_load_npy(path, key, mmap), f"{path}" + (f": {key}" if key else ""), raw_as)
+    arr = _load_npy(path, key, mmap)
+    return view_raw(native_order(arr), f"{path}" + (f": {key}" if key else ""), raw_as)
+
+
+def native_order(arr: np.ndarray) -> np.ndarray:
+    """arr in this machine's byte order, its precision kept (a big-endian float64 stays float64,
+    docs/inputs.md#byte-order); an array already native (or of bytes) as it is."""
+    if arr.dtype.isnative or arr.dtype.fields is not None:
+        return arr
+    return arr.astype(arr.dtype.newbyteorder("="))
 
 
 def view_raw(arr: np.ndarray, name: str, raw_as: str | None) -> np.ndarray:

@@ -6,7 +6,10 @@ tensor's dtype ("BF16", "F8_E4M3", …), shape and byte range, then the raw byte
 safetensors package (`safe_open(..., framework="np")`); the float8 formats, which its numpy
 path does not map (it looks for numpy.float8_e4m3fn), are read from the header and the bytes
 here, memory-mapped, as ml_dtypes' float8_e4m3fn / float8_e5m2. bfloat16 comes back as
-ml_dtypes.bfloat16 either way.
+ml_dtypes.bfloat16 either way. Every header is first validated by the package's own parser
+(`safe_open` checks each entry's dtype, shape and byte range, their overlaps and the file's
+length, for every dtype, before a byte of data is read), so a malformed header is one
+InputError whatever the tensor's dtype (docs/inputs.md#tensor-files).
 Leaves out: checking what the values are (load.py), writing .safetensors.
 
 Example: tensor(Path("kernel.safetensors"), "q").dtype -> bfloat16
@@ -58,8 +61,29 @@ def tensor(path: Path, key: str | None = None) -> np.ndarray:
                          f"{exc})") from None
 
 
+def _validate(path: Path) -> None:
+    """The safetensors package's own check of the whole header: an InputError for anything it
+    refuses (bad JSON, nesting, entries that are no tensor, missing or overlapping offsets,
+    shapes whose byte count overflows, a file shorter than its header says)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np"):
+            pass
+    except SafetensorError as exc:
+        why = str(exc).removeprefix("Error while deserializing header: ")
+        raise InputError(f"{path}: not a valid .safetensors file ({why[:200]})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except Exception as exc:  # anything else the parser raises is still a bad file
+        raise InputError(f"{path}: not a valid .safetensors file ({type(exc).__name__}: "
+                         f"{str(exc)[:200]})") from None
+
+
 def _header(path: Path) -> tuple[dict, int]:
-    """(the header's tensors, without __metadata__; where the data starts)."""
+    """(the header's tensors, without __metadata__; where the data starts), once the package's
+    parser has accepted the file."""
+    _validate(path)
     try:
         with open(path, "rb") as fh:
             size = struct.unpack("<Q", fh.read(8))[0]
@@ -90,6 +114,10 @@ def _raw(path: Path, key: str) -> np.ndarray:
                          f"{entry['dtype']}")
     if end == begin:
         return np.zeros(shape, dtype=dtype)
+    if shape == ():  # np.memmap would give shape (1,)
+        with open(path, "rb") as fh:
+            fh.seek(start + begin)
+            return np.frombuffer(fh.read(dtype.itemsize), dtype=dtype).reshape(())
     try:
         return np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape)
     except (ValueError, OSError) as exc:  # a byte range past the end of the file

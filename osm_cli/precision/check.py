@@ -155,6 +155,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     if out.shape != ref.shape:
         raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
                        f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
+    if out.size == 0:  # no PASS for nothing judged (docs/inputs.md#zero-size-inputs)
+        raise OsmError(f"OUT is empty {tuple(out.shape)}: there is nothing to judge")
     if lse is not None:
         lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
         if str(lse_base) == "2":
@@ -162,14 +164,18 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     pt, pt_lse = plain(eq, ek, ev, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
-    verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse)
-    del pt
-    model_err, name, mres = None, None, None
+    model_err, name, mres, beside = None, None, None, {}
     if with_model:
         m, name = model(dtype_name(dt)), kname
         extra = {} if name == "tiles" else {"mma": mma, "descale": descale}
         mres = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
         model_err = max_abs(mres.out - ref)
+        # what a faithful kernel errs: the bound where plain attention overflowed (rule.py)
+        beside["model_err"] = max_abs(np.asarray(mres.out, dtype=np.float64) - ref_d)
+        if lse is not None and np.shape(mres.lse) == np.shape(ref_lse):
+            beside["model_lse_err"] = max_abs(lse_errors(mres.lse, ref_lse))
+    verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse, **beside)
+    del pt
     view = view_of(opts)
     failing_lse = lse is not None and verdict.lse is not None and not verdict.lse.passed
     rows, heads, over, row_err = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view, top,

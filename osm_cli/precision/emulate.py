@@ -45,6 +45,7 @@ from osm_cli.flash.forward import (
 from osm_cli.flash.options import split_options
 from osm_cli.flash.plan import Counts, Plan, make_plan, marked, q_groups, row_step, walk
 
+from .descale import Descale, check_reach
 from .dtypes import DTYPES, bits
 from .gpu_ops import (
     F32,
@@ -61,16 +62,6 @@ from .gpu_ops import (
 from .model import Model
 from .presets import EIGHT, Preset
 from .splitkv import split_kv_run
-
-
-@dataclass(frozen=True)
-class Descale:
-    """FP8's descale factors (FA3/FA4), float32 of shape (B, Hkv): the stored values are
-    x / descale, so S = (Q·Kᵀ)·q_descale·k_descale·scale and O is multiplied by v_descale."""
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -188,7 +179,9 @@ def _arith(kernel: Preset, m: Model, plan: Plan, opts: ScoreOptions, descale, ta
     if descale is not None:
         qd, kd, vd = (_per_kv(x, name, b, hk) for x, name in (
             (descale.q, "q_descale"), (descale.k, "k_descale"), (descale.v, "v_descale")))
-        c = (c * qd * kd).astype(F32)
+        with np.errstate(over="ignore", under="ignore"):
+            c = (c * qd * kd).astype(F32)
+        check_reach(c, vd, plan.q5.shape[-1], m.dtype)
         nat = nat * qd * kd
         vscale = vd
     p_dtype = m.dtype

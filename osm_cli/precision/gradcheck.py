@@ -89,7 +89,8 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
         g = np.asarray(given[name])
         ref = refs[name]
         ref_d = round_to(ref, dt, np.float64)
-        r = _fa_rule(g, ref_d, pts[name], dt, GRAD_RULES[rule])
+        r = _fa_rule(g, ref_d, pts[name], dt, GRAD_RULES[rule],
+                     model_err=None if mod is None else max_abs(mod[name] - ref_d))
         rows, heads, over, row_err = worst(g, ref_d, None, r.bound, dt,
                                            view_of(opts, "q" if name == "dq" else "k"), top)
         out.append(GradCheck(

@@ -2,7 +2,10 @@
 
 Pass when max|out − ref| ≤ 2·max|pt − ref| + 2·max|(ref + 0.3 − 0.3) − ref|, with ref the
 upcast reference cast back to the dtype and pt plain same-dtype attention; osm applies the same
-rule to the LSE, and a fixed tolerance to float64 runs (docs/numerics.md#fa-rule).
+rule to the LSE, and a fixed tolerance to float64 runs (docs/numerics.md#fa-rule). A bound is
+always finite: where plain attention overflows (its error inf or NaN) the rule takes osm's
+kernel model's error in its place, or without a model the dtype's rounding, and says so
+(docs/inputs.md#unusable-baseline); a PASS is never given against an infinite bound.
 Leaves out: running anything (model.py, check.py).
 
 Example: fa_rule(out, ref64, pt, DTYPES["float16"]).passed
@@ -33,6 +36,13 @@ class Rule:
     k_pt: float = 2.0  # bound = k_pt·pt_err + k_round·rounding (+ k_abs)
     k_round: float = 2.0
     k_abs: float = 0.0
+    stand_in: str = ""  # what replaced a pt_err that is not finite: "model" or "rounding"
+    base: float | None = None  # the error k_pt multiplies: pt_err, or its stand-in's
+
+    @property
+    def baseline(self) -> float:
+        """The error the bound multiplies by k_pt: plain attention's, or its stand-in's."""
+        return self.pt_err if self.base is None else self.base
 
 
 def max_abs(d: np.ndarray) -> float:
@@ -41,13 +51,25 @@ def max_abs(d: np.ndarray) -> float:
 
 
 def _rule(err: float, pt_err: float, rounding_err: float, k_pt: float = 2.0,
-          k_round: float = 2.0, k_abs: float = 0.0) -> Rule:
+          k_round: float = 2.0, k_abs: float = 0.0, model_err: float | None = None) -> Rule:
+    """The bound k_pt·pt_err + k_round·rounding + k_abs, always finite: a baseline that is not
+    finite (plain attention overflowed) is replaced by osm's kernel model's error (model_err,
+    a faithful kernel's), or without one by the rounding, and the note says why."""
     factors = (k_pt, k_round, k_abs)
+    if not math.isfinite(rounding_err):
+        rounding_err = 0.0  # only where the reference itself is past the dtype's range
+    note, stand_in, base = "", "", pt_err
     if not math.isfinite(pt_err):
-        return Rule(err, pt_err, rounding_err, math.inf, math.isfinite(err),
-                    "plain same-dtype attention overflowed, so the rule bounds nothing", *factors)
-    bound = k_pt * pt_err + k_round * rounding_err + k_abs
-    return Rule(err, pt_err, rounding_err, bound, bool(err <= bound), "", *factors)
+        why = f"plain same-dtype attention overflowed (max|pt − ref| = {pt_err:g}), so it is no "
+        if model_err is not None and math.isfinite(model_err):
+            stand_in, base = "model", model_err
+            note = why + "baseline: the bound takes osm's kernel model's error in its place"
+        else:
+            stand_in, base = "rounding", rounding_err
+            note = why + "baseline: the bound takes the dtype's rounding in its place"
+    bound = k_pt * base + k_round * rounding_err + k_abs
+    return Rule(err, pt_err, rounding_err, bound, bool(err <= bound), note, *factors,
+                stand_in, None if not stand_in else base)
 
 
 def fa_rule(out, ref, pt, dtype) -> Rule:
@@ -63,23 +85,26 @@ def fa_rule(out, ref, pt, dtype) -> Rule:
     return _fa_rule(out, round_to(ref, dt, np.float64), pt, dt)
 
 
-def _fa_rule(out, ref_d, pt, dt: np.dtype, factors: tuple = (2.0, 2.0, 0.0)) -> Rule:
+def _fa_rule(out, ref_d, pt, dt: np.dtype, factors: tuple = (2.0, 2.0, 0.0),
+             model_err: float | None = None) -> Rule:
     """fa_rule with ref already rounded to the dtype (ref_d, float64), for callers that keep it;
     factors (k_pt, k_round, k_abs) make the bound k_pt·pt_err + k_round·rounding + k_abs (the
-    gradients' rules, gradcheck.py)."""
-    err = max_abs(np.asarray(out, dtype=np.float64) - ref_d)
-    pt_err = max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
-    r = ref_d.astype(dt)
+    gradients' rules, gradcheck.py); model_err, osm's kernel model's max|model − ref_d|, stands
+    in for pt's error where that is not finite (_rule)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = max_abs(np.asarray(out, dtype=np.float64) - ref_d)
+        pt_err = max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
+    r = ref_d[np.isfinite(ref_d)].astype(dt)
     third = np.array(0.3).astype(dt)
     with np.errstate(over="ignore", invalid="ignore"):
         moved = ((r + third) - third).astype(np.float64)
-    rounding_err = max_abs(moved - ref_d)
+    rounding_err = max_abs(moved - ref_d[np.isfinite(ref_d)])
     if bits(dt) > 32:
         # In float64 plain attention is the reference itself (pt_err = 0): no narrower baseline.
         bound = F64_TOLERANCE * max(1.0, max_abs(ref_d))
         return Rule(err, pt_err, rounding_err, bound, bool(err <= bound),
                     f"float64: the reference's own precision; bound {F64_TOLERANCE:g}·max|ref|")
-    return _rule(err, pt_err, rounding_err, *factors)
+    return _rule(err, pt_err, rounding_err, *factors, model_err=model_err)
 
 
 def lse_errors(lse, ref_lse) -> np.ndarray:
@@ -99,13 +124,17 @@ def lse_rule(lse, ref_lse, pt_lse) -> Rule:
     return _lse_rule(lse_errors(lse, ref_lse), lse_errors(pt_lse, ref_lse), ref_lse)
 
 
-def _lse_rule(errs: np.ndarray, pt_errs: np.ndarray, ref_lse) -> Rule:
-    """lse_rule from the per-row lse_errors of the run (errs) and of plain attention (pt_errs)."""
+def _lse_rule(errs: np.ndarray, pt_errs: np.ndarray, ref_lse,
+              model_err: float | None = None) -> Rule:
+    """lse_rule from the per-row lse_errors of the run (errs) and of plain attention (pt_errs);
+    model_err, osm's kernel model's LSE error, stands in for a pt error that is not finite."""
     ref = np.asarray(ref_lse, dtype=np.float64)
-    finite = ref[np.isfinite(ref)].astype(np.float32)
+    finite = ref[np.isfinite(ref)]
     third = np.float32(0.3)
-    moved = ((finite + third) - third).astype(np.float64)
-    return _rule(max_abs(errs), max_abs(pt_errs), max_abs(moved - finite))
+    with np.errstate(over="ignore"):  # an LSE past float32's range: no rounding term from it
+        f32 = finite.astype(np.float32)
+        moved = ((f32 + third) - third).astype(np.float64)
+    return _rule(max_abs(errs), max_abs(pt_errs), max_abs(moved - finite), model_err=model_err)
 
 
 @dataclass(frozen=True)
@@ -133,15 +162,19 @@ def judge(out, ref, pt, dtype, *, lse=None, ref_lse=None, pt_lse=None) -> Verdic
                    pt_lse)
 
 
-def judged(out, ref64, ref_d, pt, dtype, lse_err, ref_lse, pt_lse) -> Verdict:
+def judged(out, ref64, ref_d, pt, dtype, lse_err, ref_lse, pt_lse, *,
+           model_err: float | None = None, model_lse_err: float | None = None) -> Verdict:
     """judge, given ref64 rounded to the dtype (ref_d) and the run's per-row lse_errors (None
-    without an LSE), which check() goes on to use row by row."""
-    err = max_abs(np.asarray(out, dtype=np.float64) - ref64)
-    plain_err = max_abs(np.asarray(pt, dtype=np.float64) - ref64)
+    without an LSE), which check() goes on to use row by row; model_err and model_lse_err
+    (osm's kernel model's max|out − ref_d| and LSE error) bound a run whose plain baseline
+    overflowed."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = max_abs(np.asarray(out, dtype=np.float64) - ref64)
+        plain_err = max_abs(np.asarray(pt, dtype=np.float64) - ref64)
     pt_lse_err = None if lse_err is None and pt_lse is None else lse_errors(pt_lse, ref_lse)
-    lrule = None if lse_err is None else _lse_rule(lse_err, pt_lse_err, ref_lse)
+    lrule = None if lse_err is None else _lse_rule(lse_err, pt_lse_err, ref_lse, model_lse_err)
     return Verdict(
         dtype_name(dtype), err, plain_err, None if lrule is None else lrule.err,
         max_abs(pt_lse_err) if pt_lse is not None else math.nan,
-        _fa_rule(out, ref_d, pt, np.dtype(dtype)), lrule,
+        _fa_rule(out, ref_d, pt, np.dtype(dtype), model_err=model_err), lrule,
     )

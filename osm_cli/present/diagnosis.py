@@ -112,7 +112,10 @@ RULE_NAMES = {"fa": "FlashAttention's rule", "model": "the model rule"}
 
 def terms(r) -> str:
     """The bound's terms as the rule writes them: 2·pt + 2·rounding, or 1.25·model."""
-    t = [f"{k:g}·{x:.3g}" for k, x in ((r.k_pt, r.pt_err), (r.k_round, r.rounding)) if k]
+    # where plain attention overflowed, its stand-in's error, named (rule.py)
+    base, by = getattr(r, "baseline", r.pt_err), getattr(r, "stand_in", "")
+    t = [f"{k:g}·{x:.3g}" + (f" ({b})" if b else "")
+         for k, x, b in ((r.k_pt, base, by), (r.k_round, r.rounding, "")) if k]
     return " + ".join(t) or f"{r.bound:.3g}"
 
 

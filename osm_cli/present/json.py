@@ -260,7 +260,8 @@ def rule_doc(r) -> dict | None:
     bound and the verdict."""
     return None if r is None else {
         "max_err": r.err, "plain_max_err": r.pt_err, "rounding": r.rounding,
-        "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {})}
+        "bound": r.bound, "passed": r.passed, **({"note": r.note} if r.note else {}),
+        **({"baseline": r.baseline, "baseline_from": r.stand_in} if r.stand_in else {})}
 
 
 def verdict_doc(v) -> dict:

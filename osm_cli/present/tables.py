@@ -239,7 +239,7 @@ def _sweep_rows(t: Table, r, sparse: bool) -> None:
     for row in r.rows:
         m = row.measure
         last = (bytes_text(row.hbm_skipping) if sparse else
-                f"{r.hbm_standard / row.hbm_flash:.3g}×")
+                f"{r.hbm_standard / row.hbm_flash:.3g}×" if row.hbm_flash else "-")
         t.add_row(
             str(row.block), str(m.tiles), str(m.skipped), str(m.rescales), num(m.max_error, 3),
             num(m.lse_error, 3), bytes_text(row.tile_bytes, True),

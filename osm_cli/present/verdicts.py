@@ -31,9 +31,9 @@ def rounding_text(notes) -> Text:
 def rule_text(r, what: str = "out") -> Text:
     """'max|what − ref| = e ≤ k·pt + k·rounding = bound  PASS' (the terms the rule has)."""
     terms: list = []
-    for k, x in ((r.k_pt, r.pt_err), (r.k_round, r.rounding)):
+    for k, x, by in ((r.k_pt, r.baseline, r.stand_in), (r.k_round, r.rounding, "")):
         if k:
-            terms += [" + " if terms else "", f"{k:g}·", num(x, 3)]
+            terms += [" + " if terms else "", f"{k:g}·", num(x, 3), f" ({by})" if by else ""]
     if r.k_abs:
         terms += [" + " if terms else "", num(r.k_abs, 3)]
     line = Text.assemble(
