@@ -169,10 +169,10 @@ def osm_process(*args, env: dict | None = None, timeout: float = 120, **kw):
 
 
 def one_error(stderr: str | bytes) -> str:
-    """The one "Error: …" line on stderr (asserted: no other line, no traceback, no Python
-    warning); the line without "Error: "."""
+    """The one "Error: …" line on stderr (asserted: no other line but osm's own "note: …"
+    lines, no traceback, no Python warning); the line without "Error: "."""
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("note: ")]
     assert "Traceback" not in text and "Warning" not in text and "internal error" not in text, (
         text)
     errors = [line for line in lines if line.startswith("Error: ")]

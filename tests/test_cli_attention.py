@@ -236,7 +236,6 @@ def _bad_arrays():
         "kv lengths": ((q, k, rand(6, 3)), "K and V sequence lengths differ"),
         "gqa heads": ((rand(3, 4, 8), rand(2, 5, 8), rand(2, 5, 3)), "multiple of the kv heads"),
         "batch": ((rand(2, 1, 4, 8), rand(3, 1, 5, 8), rand(3, 1, 5, 3)), "batch sizes differ"),
-        "int": ((q.astype(np.int32), k, v), "Q has dtype int32"),
         "bool": ((q, k > 0, v), "K has dtype bool"),
         "complex": ((q, k, v.astype(np.complex64)), "V has dtype complex64"),
         "object": ((q, k, v.astype(object)), "Python objects"),

@@ -166,7 +166,8 @@ def test_descale_runs_fp8(runner, tmp_path):
     (["--dtype", "e4m3"], dict(shape=(2,)),
      "Error: --q-descale has shape (2,); it must be (B, Hkv) = (1, 2)"),
     (["--dtype", "e4m3"], dict(value=0.0),
-     "Error: --q-descale must hold finite positive factors"),
+     "Error: q_descale holds 0; a descale factor must be positive and a normal float32, from "
+     "1.1754944e-38 to 3.4028235e+38"),
     (["--dtype", "bf16"], {},
      "Error: --q-descale, --k-descale and --v-descale scale FP8 inputs; kernel fa2 takes no "
      "FP8 (--kernel fa4-sm100 with --dtype e4m3 or e5m2)"),

@@ -220,7 +220,12 @@ def test_rule_when_plain_attention_overflowed():
     pt = PT.copy()
     pt[0, 0] = np.nan
     r = fa_rule(REF, REF, pt, F16)
-    assert r.passed and r.bound == math.inf and "overflowed" in r.note
+    # the bound stays finite (issue 19): without a model, the dtype's rounding stands in
+    assert r.passed and math.isfinite(r.bound) and "overflowed" in r.note
+    assert r.stand_in == "rounding" and r.bound == 4 * r.rounding
+    out = REF.copy()
+    out[0, 0] += 1.0
+    assert not fa_rule(out, REF, pt, F16).passed  # an inf bound passed this
 
 
 def test_rule_in_float64_uses_a_tolerance():

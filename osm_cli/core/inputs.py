@@ -33,7 +33,7 @@ def as_numbers(x, name: str) -> np.ndarray:
         return arr
     what = {"b": "booleans", "c": "complex numbers", "U": "strings", "S": "strings",
             "O": "Python objects", "M": "dates", "m": "time spans"}.get(kind, f"{arr.dtype}")
-    raise InputError(f"{name} must be real numbers; it holds {what} (dtype {arr.dtype})")
+    raise InputError(f"{name} has dtype {arr.dtype} ({what}); osm needs real numbers")
 
 
 __all__ = ["as_numbers"]

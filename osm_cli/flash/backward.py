@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.core.record import GradStep
-from osm_cli.errors import InputError
+from osm_cli.errors import InputError, ShapeError
 
 from .forward import attention
 from .masks import mask_about, scale_q, score_tile
@@ -128,6 +128,8 @@ def attention_backward(
         fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
         out, lse = fwd.out, fwd.lse
     plan = make_plan(q, k, v, opts, tiling, hooks, trace_at)
+    if plan.groups[0] == 0:  # docs/inputs.md#zero-size-inputs
+        raise ShapeError("Q, K and V have a batch of 0: the backward needs at least one sequence")
     s = plan.k3.shape[1]
     if trace_at is not None and s and not 0 <= trace_key < s:
         raise InputError(f"traced key {trace_key} is outside K's {s} keys")

@@ -102,8 +102,9 @@ class ScoreOptions:
             object.__setattr__(self, "score_mod", ScoreMod.of(self.score_mod))
         if self.mask_mod is not None:
             object.__setattr__(self, "mask_mod", MaskMod.of(self.mask_mod))
-        if self.scale is not None:
-            _held("scale", self.scale, "the scale")
+        if self.scale is not None and not math.isfinite(self.scale):
+            # a finite scale is judged with the scores it makes (masks.check_score_range)
+            raise InputError(f"the scale must be a finite number, not {self.scale}")
         if self.softcap is not None:
             if not (math.isfinite(self.softcap) and self.softcap > 0):
                 raise InputError(f"softcap must be a positive finite number, not {self.softcap}")

@@ -67,8 +67,6 @@ def check_inputs(q, k, v) -> None:
         raise ShapeError(f"K and V head counts differ: K has {hk}, V has {hv}")
     if hq == 0 or hk == 0:  # no GQA group to speak of (docs/inputs.md#zero-size-inputs)
         raise ShapeError(f"Q has {hq} heads and K/V {hk}; attention needs at least one head")
-    if b == 0:
-        raise ShapeError("Q, K and V have a batch of 0; attention needs at least one sequence")
     if not (bk == bv == b):
         raise ShapeError(f"batch sizes differ: Q {b}, K {bk}, V {bv}")
     if hq % hk:

@@ -131,10 +131,11 @@ def _lse_rule(errs: np.ndarray, pt_errs: np.ndarray, ref_lse,
     ref = np.asarray(ref_lse, dtype=np.float64)
     finite = ref[np.isfinite(ref)]
     third = np.float32(0.3)
-    with np.errstate(over="ignore"):  # an LSE past float32's range: no rounding term from it
+    with np.errstate(over="ignore", invalid="ignore"):  # past float32's range: no term
         f32 = finite.astype(np.float32)
-        moved = ((f32 + third) - third).astype(np.float64)
-    return _rule(max_abs(errs), max_abs(pt_errs), max_abs(moved - finite), model_err=model_err)
+        moved = ((f32 + third) - third).astype(np.float64) - f32
+    return _rule(max_abs(errs), max_abs(pt_errs), max_abs(moved[np.isfinite(moved)]),
+                 model_err=model_err)
 
 
 @dataclass(frozen=True)
