@@ -240,7 +240,7 @@ def test_check_never_passes_beyond_its_bound(case, causal):
         out.flat[int(rng.integers(out.size))] = np.nan if kind == "nan" else np.inf
     out = out.astype(np.float16)
     lse = (ref_lse + size * rng.standard_normal(ref_lse.shape)).astype(np.float32)
-    rep = osm_cli.check(out, q, k, v, "fp16", lse=lse, causal=causal)
+    rep = osm_cli.check(q, k, v, out, lse=lse, dtype="fp16", causal=causal)
     err64 = float(np.max(np.abs(out.astype(np.float64) - ref64)))
     slack = float(np.max(np.abs(ref64.astype(np.float16).astype(np.float64) - ref64)))
     for rule in (rep.verdict.rule, rep.verdict.lse):

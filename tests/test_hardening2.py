@@ -376,8 +376,9 @@ def test_inputs_that_overflow_inside_are_refused(runner, tmp_path, case):
 
 def test_the_refusals_are_the_library_s(tmp_path):
     """Validation once, in the library: the API refuses what the CLI refuses."""
-    from osm_cli import InputError, ScoreOptions
-    from osm_cli.precision.emulate import Descale
+    from osm_cli import InputError
+    from osm_cli.flash.options import ScoreOptions
+    from osm_cli.precision.descale import Descale
 
     with pytest.raises(InputError, match="sinks holds 1e"):
         ScoreOptions(sinks=np.array([1e39]))
