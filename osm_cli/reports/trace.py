@@ -216,7 +216,9 @@ def capped(scores: np.ndarray, softcap: float) -> np.ndarray:
     """Scores through softcap·tanh(s / softcap); a masked −inf stays −inf (the kernels cap
     before they mask, docs/numerics.md#softcap). Example: capped([0., -inf], 2) -> [0, -inf]"""
     s = np.asarray(scores, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
+    # a softcap far below the scores overflows s / softcap to ±inf, and tanh(±inf) = ±1: the
+    # capped score is ±softcap, as it should be (issue 19's fuzz found the warning)
+    with np.errstate(invalid="ignore", over="ignore"):
         return np.where(np.isneginf(s), -np.inf, softcap * np.tanh(s / softcap))
 
 
