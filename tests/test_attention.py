@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 import pytest
-from conftest import qkv, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import qkv, rand
 from osm_cli.core.record import Step
 from osm_cli.errors import InputError, OsmError, ShapeError
 from osm_cli.flash.forward import Attention, attention

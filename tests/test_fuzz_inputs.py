@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_error, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from typer.testing import CliRunner
 
 import osm_cli
+from conftest import one_error, snapshot
 from osm_cli.cli import app
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))

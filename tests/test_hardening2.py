@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, no_leftovers, one_error, osm_process, snapshot
 
+from conftest import ROOT, no_leftovers, one_error, osm_process, snapshot
 from osm_cli.cli import app
 
 HUGE = "1000000000000000000000000000000"  # 1e30: no C long holds it

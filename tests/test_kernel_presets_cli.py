@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import osm
 
+from conftest import osm
 from osm_cli.cli.options import Mma
 
 QKV = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
