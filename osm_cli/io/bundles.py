@@ -36,6 +36,9 @@ TENSOR_NAMES = {
 }
 
 
+META = "meta"  # a capture's description (capture_kernels.py: a JSON string), not a tensor
+
+
 def bundle_keys(path: Path, names: list[str] | None = None) -> dict[str, str]:
     """osm's name -> the array that holds it in the bundle at path, for each of TENSOR_NAMES it
     holds; an InputError when two names of one tensor are both there (lse and softmax_lse)."""
@@ -61,6 +64,7 @@ def unused_names(path: str | Path, used: tuple[str, ...] = BUNDLE_NAMES) -> list
     names = tensor_names(path)
     taken = {a for n in used for a in TENSOR_NAMES.get(n, (n,))}
     taken |= {a for aliases in INPUT_NAMES.values() for a in aliases}
+    taken.add(META)
     return [n for n in names if n not in taken]
 
 
