@@ -8,9 +8,9 @@ import inspect
 
 import numpy as np
 import pytest
-from conftest import qkv, rand
 
 import osm_cli
+from conftest import qkv, rand
 from osm_cli import kernels, testing
 from osm_cli.flash.forward import attention as tiled
 from osm_cli.flash.options import ScoreOptions

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
-from conftest import rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import rand
 from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward

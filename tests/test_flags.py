@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import osm, qkv
 
 import osm_cli
+from conftest import osm, qkv
 from osm_cli.cli.flags import as_flags, flag
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import rand
 
+from conftest import rand
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward
 from osm_cli.flash.forward import attention

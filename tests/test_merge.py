@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import pytest
-from conftest import osm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import osm
 from osm_cli.core import merge_partials
 from osm_cli.core.merge import fold_merge, merge_detail, partials, tree_merge
 from osm_cli.core.reference import logsumexp, stable_softmax

@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 import pytest
-from conftest import rand
 
+from conftest import rand
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.packed import (
     Packing,
