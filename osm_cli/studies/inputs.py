@@ -20,10 +20,10 @@ def parse_shape(spec: str) -> tuple[int, int, int, int]:
     except ValueError:
         dims = ()
     if len(dims) != 4 or min(dims) < 1:
-        raise InputError(f"--random {spec!r}: give the shape as B,H,N,d, four positive integers "
+        raise InputError(f"`random` {spec!r}: give the shape as B,H,N,d, four positive integers "
                          "(batch, heads, sequence length, head dim), e.g. 1,2,8,4")
     if np.prod(dims, dtype=np.int64) * 3 > 2**27:
-        raise InputError(f"--random {spec}: {np.prod(dims) * 3:,} values are more than a demo "
+        raise InputError(f"`random` {spec}: {np.prod(dims) * 3:,} values are more than a demo "
                          "needs (at most 2^27); save real tensors to .npy instead")
     return dims  # type: ignore[return-value]
 
