@@ -161,8 +161,13 @@ def test_assert_takes_checks_keywords():
 
 def test_planted_samples_are_the_kernels_output():
     """samples/planted/*.npz (docs/check.md's examples) are what make.py writes from the
-    planted kernels, array for array."""
+    planted kernels: the inputs bit for bit, out and softmax_lse up to the float32 matmul's
+    summation order, which numpy's BLAS picks by CPU (OpenBLAS's Haswell and SkylakeX kernels
+    differ in a handful of elements): out within one bfloat16 step and no more than 1 element
+    in 1000 differing at all, the LSE within 4 float32 ulps."""
     import importlib.util
+
+    import ml_dtypes
 
     from tests.conftest import ROOT
 
@@ -174,4 +179,12 @@ def test_planted_samples_are_the_kernels_output():
         with np.load(ROOT / "samples/planted" / name) as z:
             assert sorted(z.files) == sorted(want)
             for n, x in want.items():
-                assert np.array_equal(z[n], x), (name, n)
+                got = z[n]
+                if n in ("q", "k", "v"):
+                    assert np.array_equal(got, x), (name, n)
+                    continue
+                step = (np.spacing(np.abs(x).astype(ml_dtypes.bfloat16)).astype(np.float32)
+                        if n == "out" else 4 * np.spacing(np.abs(x)))
+                assert np.all(np.abs(got - x) <= step), (name, n)
+                if n == "out":
+                    assert np.count_nonzero(got != x) <= x.size // 1000, (name, n)
