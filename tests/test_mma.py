@@ -12,6 +12,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import osm_cli.precision.gpu_ops as gpu_ops
 import osm_cli.precision.mma as mma
@@ -102,6 +104,40 @@ def test_extremes_every_dtype(path, dt):
     b = _extremes(_values(rng, (2, 48, 20), d, 1.0), d, rng)
     c = _extremes(rng.standard_normal((2, 40, 20)).astype(F32), F32, rng)
     with np.errstate(invalid="ignore", over="ignore"):
+        assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
+        assert same_bits(mma.tensor_core(a, b), reference(a, b))
+
+
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 63, 64, 65, 80, 100, 128, 130, 200])
+def test_every_output_width(path, width):
+    """The compiled kernel copies b into panels of 64 columns, then 16 for the rest of a row:
+    every split of a row's width gives the reference's bits, with and without c."""
+    rng = np.random.default_rng(width)
+    a = _values(rng, (2, 9, 48), np.float16, 1.0)
+    b = _values(rng, (2, 48, width), np.float16, 1.0)
+    c = rng.standard_normal((2, 9, width)).astype(F32)
+    assert same_bits(mma.tensor_core(a, b), reference(a, b))
+    assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 6), k=st.integers(1, 70),
+       n=st.integers(1, 150), dt=st.sampled_from(["bf16", "fp16", "e4m3", "e5m2"]),
+       ea=st.integers(-70, 60), eb=st.integers(-70, 60), ec=st.integers(-130, 125),
+       zeros=st.floats(0, 0.9))
+def test_any_shape_scale_and_zeros(seed, m, k, n, dt, ea, eb, ec, zeros):
+    """Adversarial inputs for the compiled kernel: any shape, operands scaled by 2^ea and 2^eb
+    (products from far below 2^−100 to past 2^120, so that rows leave the 16-bit path's range),
+    an accumulator of any size, and a share of exact zeros (zero chunks, zero rows)."""
+    rng = np.random.default_rng(seed)
+    d = DTYPES[dt]
+    a = _values(rng, (2, m, k), d, 1.0) * F32(2.0**ea)
+    b = _values(rng, (2, k, n), d, 1.0) * F32(2.0**eb)
+    a[rng.random(a.shape) < zeros] = 0
+    b[rng.random(b.shape) < zeros] = 0
+    c = (rng.standard_normal((2, m, n)) * 2.0**ec).astype(F32)
+    c[rng.random(c.shape) < zeros] = 0
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
         assert same_bits(mma.tensor_core(a, b), reference(a, b))
 
