@@ -14,6 +14,7 @@ from osm_cli.studies.costmodel import (
     attention_flops,
     cost,
     fa1_blocks,
+    fa1_traffic,
     hbm_bytes_flash,
     hbm_bytes_standard,
     parse_size,
@@ -193,3 +194,35 @@ def test_cli_sweep_bad_options(runner, args, message):
 def test_cli_sweep_bad_scores(runner):
     r = runner.invoke(app, ["sweep", "--values", "1,nan"])
     assert r.exit_code == 1 and r.stderr.startswith("Error: ") and "NaN" in r.stderr
+
+
+def test_fa1_traffic_by_hand():
+    """t = n = 4, d = 2, 2×2 tiles, 1 B an element. Forward: O, l, m written first (4·(2 + 2) =
+    16); K/V tile 0 reads K_0, V_0 (2·2·2 = 8) and each of its Q tiles' 2 rows reads Q_i, O_i,
+    l_i, m_i (2·(2d + 2) = 12) and writes O_i, l_i, m_i (2·(d + 2) = 8)."""
+    read, written = fa1_traffic(4, 4, 2, 2, 2)
+    assert read.tolist() == [[8 + 12, 8 + 24], [8 + 24 + 8 + 12, 2 * (8 + 24)]]
+    assert written.tolist() == [[16 + 8, 16 + 16], [16 + 24, 16 + 32]]
+    assert read[-1, -1] + written[-1, -1] == hbm_bytes_flash(4, 2, block_k=2, n_q=4,
+                                                             dtype_bytes=1) == 112
+
+
+@pytest.mark.parametrize("t, n, d, bq, bk", [(8, 8, 4, 4, 2), (7, 9, 3, 4, 2), (5, 13, 2, 2, 5),
+                                             (1, 1, 1, 1, 1)])
+def test_fa1_traffic_ends_at_the_model(t, n, d, bq, bk):
+    """Step by step it ends where hbm_bytes_flash does, with skipped tiles (its row_visits) and
+    in any K/V tile order; the backward's part alone with backward=True; it only grows."""
+    rng = np.random.default_rng(t * 100 + n)
+    n_q, n_k = -(-t // bq), -(-n // bk)
+    skip = rng.random((n_q, n_k)) < 0.3
+    rows = np.minimum(bq, t - bq * np.arange(n_q))
+    visits = int(((~skip).T * rows).sum())
+    forward = hbm_bytes_flash(n, d, block_k=bk, n_q=t, dtype_bytes=1, row_visits=visits)
+    both = hbm_bytes_flash(n, d, block_k=bk, n_q=t, dtype_bytes=1, row_visits=visits,
+                           backward=True)
+    for backward, end in ((False, forward), (True, both - forward)):
+        read, written = fa1_traffic(t, n, d, bq, bk, skip, backward=backward,
+                                    order=rng.permutation(n_k))
+        assert read[-1, -1] + written[-1, -1] == end
+        moved = (read + written).ravel()
+        assert (np.diff(moved) >= 0).all()

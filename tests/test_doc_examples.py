@@ -60,10 +60,11 @@ def test_console_example(runner, scratch, page, command, expected):
     if "|" in command:
         osm = f"{shlex.quote(sys.executable)} -m osm_cli"
         shell = re.sub(r"(^|\|\s*)osm ", lambda m: f"{m.group(1)}{osm} ", command)
+        # the code under test, as this process imports it (a worktree's PYTHONPATH too)
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "COLUMNS": "100",
+               "PYTHONPATH": str(ROOT)}
         done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True,
-                              text=True, timeout=120, cwd=scratch,
-                              env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-                                   "COLUMNS": "100"})
+                              text=True, timeout=120, cwd=scratch, env=env)
         got = done.stdout + done.stderr
     else:
         result = runner.invoke(app, shlex.split(command)[1:])

@@ -1,6 +1,8 @@
 """--svg FILE and --html FILE (issue 13, item 6): what trace, attention and backward print, exported
 through rich's recording console, written with the command's other files all or none, and the
-one-line `exports` decorator any command (the backward pass's) takes them from."""
+one-line `exports` decorator any command (the backward pass's) takes them from. The three commands'
+--html is their interactive page (tests/test_page.py), with the printed screen at its foot; a
+command that offers no page gets rich's own HTML copy of the screen."""
 
 from __future__ import annotations
 
@@ -32,13 +34,13 @@ def test_trace_exports_what_it_prints(runner, tmp_path):
                             "--html", str(html)])
     assert r.exit_code == 0, r.output
     assert r.stdout == plain.stdout  # the screen is unchanged, shown once the files are written
-    assert r.stderr == f"wrote {html} (the screen, HTML)\nwrote {svg} (the screen, SVG)\n"
+    assert r.stderr == f"wrote {html} (interactive page, HTML)\nwrote {svg} (the screen, SVG)\n"
     text = svg.read_text(encoding="utf-8")
     assert text.startswith("<svg") and "osm trace" in _svg_text(text)  # its title
     assert "1.1353353 → 1.5530018" in _svg_text(text)
     page = html.read_text(encoding="utf-8")
-    assert "<pre" in page and "1.1353353 → 1.5530018" in page
-    assert "online vs one-shot stabilized" in page
+    screen = page[page.index('<pre class="screen"'):page.index("</pre>")]  # what was printed
+    assert "1.1353353 → 1.5530018" in screen and "online vs one-shot stabilized" in screen
 
 
 def test_attention_exports_with_its_other_files(runner, tmp_path):

@@ -23,7 +23,9 @@ from .common import (
     guarded,
     kernel_inputs,
     need_plot,
+    offer_page,
     out,
+    page_wanted,
     present,
     progress,
     save,
@@ -163,6 +165,7 @@ def attention(
     from osm_cli.precision.model import prepare
     from osm_cli.present import attention as render
     from osm_cli.present import json as documents
+    from osm_cli.present import page as html_page
     from osm_cli.reports.attention import attention_report
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
@@ -179,15 +182,15 @@ def attention(
     else:
         q, k, v = io.load_qkv(files, input_dtype)
     opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, q)
-    if opts.packing.active and (plot or step):
-        raise OsmError("--plot and --step draw one dense head; a varlen or paged batch runs "
-                       "its sequences one by one (its trace is in the table, --csv, --json)")
+    if opts.packing.active and (plot or step or page_wanted()):
+        raise OsmError("--plot, --step and --html draw one dense head; a varlen or paged batch "
+                       "runs its sequences one by one (its trace is in the table, --csv, --json)")
     dtype = dtype or shared_narrow(q, k, v)  # bfloat16 or float8 inputs: that kernel's model
     lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
                                          accum and accum.value, q, k, v)
-    if lab is not None and lab.precision == "naive" and (csv or plot or step):
-        raise OsmError("--csv, --plot and --step show the tiles of the tiled run; --precision "
-                       "naive is one-shot attention")
+    if lab is not None and lab.precision == "naive" and (csv or plot or step or page_wanted()):
+        raise OsmError("--csv, --plot, --step and --html show the tiles of the tiled run; "
+                       "--precision naive is one-shot attention")
     scales = descales(q_descale, k_descale, v_descale)
     need_plot(plot)
     tiling = Tiling(block_q=block_q, block_k=block_k, form=form.value)
@@ -203,6 +206,7 @@ def attention(
          *attention_files(csv, plot, res, q, k, opts, files))
     if as_json:
         return emit_json(documents.attention_doc(rep))
+    offer_page(lambda screen: html_page.page(html_page.attention_doc(rep, q, k, opts), screen))
     heads = render.attention_heads(rep)
     # step mode keeps the summary (its errors give the end away) for after the last tile
     frame = functools.partial(render.attention_step_frame, [], res, width=out.width)

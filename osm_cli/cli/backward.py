@@ -19,7 +19,9 @@ from .common import (
     exports,
     guarded,
     kernel_inputs,
+    offer_page,
     out,
+    page_wanted,
     progress,
     save,
     score_options,
@@ -121,6 +123,7 @@ def backward(
     from osm_cli.present import backward as render
     from osm_cli.present import csv as export
     from osm_cli.present import json as documents
+    from osm_cli.present import page as html_page
     from osm_cli.reports.backward import backward_report
 
     check_outputs(dq=dq_path, dk=dk_path, dv=dv_path, csv=csv)
@@ -133,6 +136,9 @@ def backward(
             given[name] = io.load_array(Path(path), raw_as=input_dtype)
             io.check_real(given[name], path)
     opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, given["q"])
+    if opts.packing.active and page_wanted():
+        raise OsmError("--html draws one dense head; a varlen or paged batch runs its "
+                       "sequences one by one (its traces are in the tables, --csv, --json)")
     # bfloat16 or float8 inputs can only come from a kernel in that dtype: its model
     dtype = dtype or shared_narrow(given["q"], given["k"], given["v"])
     lab, (q, k, v), notes = prepare(dtype, None, None, given["q"], given["k"], given["v"])
@@ -156,6 +162,7 @@ def backward(
          (csv, lambda: export.grad_trace_csv(res), "both traces, CSV"))
     if as_json:
         return emit_json(documents.backward_doc(rep))
+    offer_page(lambda screen: html_page.page(html_page.backward_doc(rep, q, k, opts), screen))
     for line in made_up:
         out.print(line)
     for part in (*render.backward_heads(rep), render.key_trace(rep, out.width, show_all),

@@ -258,6 +258,10 @@ def check_outputs(**paths: Path | str | None) -> None:
 
 
 _held: list | None = None  # while a command's screen is recorded (exports): its files, unwritten
+_page: list | None = None  # while --html is asked for: the page the command offers (offer_page)
+# what was printed, as the interactive page's foot holds it (rich's export_html, styles inline)
+SCREEN = ('<pre class="screen" style="color:{foreground};background-color:{background}">'
+          "<code>{code}</code></pre>")
 
 
 def save(*items: tuple[Path | str | None, object, str | None]) -> None:
@@ -283,10 +287,24 @@ def save(*items: tuple[Path | str | None, object, str | None]) -> None:
             err.print(f"wrote {path} {about}", markup=False, soft_wrap=True)
 
 
+def page_wanted() -> bool:
+    """--html was asked for: the command makes every step that its page shows."""
+    return _page is not None
+
+
+def offer_page(make) -> None:
+    """A command's interactive page for --html (present/page.py): make(screen) gives the page's
+    text, screen being what was printed as an HTML fragment. Nothing without --html."""
+    if _page is not None:
+        _page.append(make)
+
+
 def exports(fn):
     """Give a command --svg FILE and --html FILE: what it prints, exported through rich's
-    recording console (export_svg / export_html), for slides and notes. A command takes them
-    with this one line above its definition (under @guarded).
+    recording console (export_svg / export_html), for slides and notes; a command that offers
+    a page (offer_page: trace, attention, backward) gets its interactive page as the HTML,
+    with what was printed at its foot. A command takes them with this one line above its
+    definition (under @guarded).
 
     The screen is recorded and held back; when the command has printed, the pictures and the
     command's other output files (its save() calls) are written together, all or none, and
@@ -303,7 +321,7 @@ def exports(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, svg: Path | None = None, html: Path | None = None, **kwargs):
-        global _held
+        global _held, _page
         if svg is None and html is None:
             return fn(*args, **kwargs)
         for flag, name in (("--json", "as_json"), ("--step", "step")):
@@ -312,16 +330,24 @@ def exports(fn):
                                "combine with them")
         check_outputs(svg=svg, html=html)
         out.reset(record=True)
-        _held = []
+        _held, _page = [], None if html is None else []
         try:
             result = fn(*args, **kwargs)
-            files, _held = _held, None
+            (files, _held), (offered, _page) = (_held, None), (_page, None)
             title = f"osm {fn.__name__.replace('_', '-')}"
+
+            def as_html() -> str:
+                if not offered:
+                    return out.export_html(clear=False)
+                return offered[-1](out.export_html(clear=False, inline_styles=True,
+                                                   code_format=SCREEN))
+
             # HTML first: export_svg clears the recording
-            save(*files, (html, lambda: out.export_html(clear=False), "the screen, HTML"),
+            save(*files, (html, as_html, "interactive page, HTML" if offered else
+                          "the screen, HTML"),
                  (svg, lambda: out.export_svg(title=title), "the screen, SVG"))
         finally:
-            _held = None
+            _held = _page = None
         out.file.release()
         return result
 

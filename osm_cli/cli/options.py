@@ -189,8 +189,9 @@ SvgOpt = Annotated[Path | None, typer.Option(
     "--svg", metavar="FILE.svg", help="Also write what is printed to FILE as SVG (a picture "
     "of the terminal, for slides).")]
 HtmlOpt = Annotated[Path | None, typer.Option(
-    "--html", metavar="FILE.html", help="Also write what is printed to FILE as HTML, colours "
-    "kept.")]
+    "--html", metavar="FILE.html", help="Also write an interactive page to FILE, one file that "
+    "works offline: each step lit, its state and arithmetic, forward and back with the arrow "
+    "keys; FILE.html#step=K opens at step K (what is printed is at its foot).")]
 StepOpt = Annotated[bool, typer.Option(
     "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
     "space: next, q: quit).")]

@@ -21,7 +21,9 @@ from .common import (
     exports,
     guarded,
     need_plot,
+    offer_page,
     out,
+    page_wanted,
     present,
     save,
 )
@@ -105,6 +107,7 @@ def trace(
     from osm_cli.present import csv as export
     from osm_cli.present import explain as explained
     from osm_cli.present import json as documents
+    from osm_cli.present import page as html_page
     from osm_cli.present import plot as plots
     from osm_cli.present import trace as render
     from osm_cli.present.format import HEAD
@@ -123,10 +126,14 @@ def trace(
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
     check_outputs(csv=csv, plot=plot)
+    blocks = -(-np.atleast_2d(s).shape[-1] // block)
+    if page_wanted() and blocks > WHOLE:
+        raise OsmError(f"--html shows every block; {blocks} blocks are more than the page holds "
+                       f"({WHOLE}): a larger --block makes fewer")
     # the table shows the first and last HEAD steps: a long trace keeps only those (the CSV,
-    # JSON, plot, --all and --step make or need every step)
+    # JSON, plot, --all, --step and --html make or need every step)
     # up to WHOLE blocks are kept whole, so that the table can show every block where m moved
-    whole = show_all or plot or step or -(-np.atleast_2d(s).shape[-1] // block) <= WHOLE
+    whole = show_all or plot or step or page_wanted() or blocks <= WHOLE
     keep = None if whole else HEAD
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
@@ -136,6 +143,7 @@ def trace(
          (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:
         return emit_json(documents.trace_doc(rep))
+    offer_page(lambda screen: html_page.page(html_page.trace_doc(rep, name), screen))
     heads = render.trace_heads(rep, name)
     pages = [(functools.partial(render.step_frame, heads, t, width=out.width), len(t.steps),
               "block") for t in rep.traces]

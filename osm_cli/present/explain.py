@@ -12,7 +12,13 @@ from rich.console import Group
 from rich.padding import Padding
 from rich.text import Text
 
-from osm_cli.reports.explain import ATTENTION_NOTE, attention_lines, trace_lines
+from osm_cli.reports.explain import (
+    ATTENTION_NOTE,
+    attention_heading,
+    attention_step_lines,
+    trace_heading,
+    trace_lines,
+)
 
 from .format import elided
 
@@ -26,10 +32,7 @@ def step_block(heading: str, lines: Sequence[str]) -> Group:
 def trace_step(trace, k: int) -> Group:
     """Block k of an `osm trace` (k indexes trace.steps)."""
     s = trace.steps[k]
-    shown = "" if s.values is None or len(s.values) > 8 else (
-        ", scores [" + ", ".join(f"{float(v):g}" for v in s.values) + "]")
-    return step_block(f"block {s.block}, keys {s.start}:{s.stop}{shown}",
-                      trace_lines(s, trace.form))
+    return step_block(trace_heading(s), trace_lines(s, trace.form))
 
 
 def trace_explained(trace, show_all: bool = False) -> Group:
@@ -57,10 +60,7 @@ def _each(steps, show_all: bool, unit: str, one) -> list:
 
 def attention_step(res, k: int) -> Group:
     """K/V tile k of attention's traced row."""
-    s = res.trace[k]
-    prev = next((p.o for p in reversed(res.trace[:k]) if p.o is not None), None)
-    head = "sink" if s.sink else f"tile {s.block}, keys {s.start}:{s.stop}"
-    return step_block(head, attention_lines(s, prev))
+    return step_block(attention_heading(res.trace[k]), attention_step_lines(res.trace, k))
 
 
 def attention_explained(res, show_all: bool = False) -> Group:

@@ -37,17 +37,20 @@ def step_table(trace, show_all: bool = False, width: int = 100) -> Group:
     return fit(lambda v: _step_table(trace, show_all, *v), width, STEP_VARIANTS)
 
 
+def form_line(form: str) -> str:
+    """What a form's step does, in symbols (above its step table, on the HTML page)."""
+    if form == "merge":
+        return ("form merge: each block's own m⁽ᵏ⁾ and l⁽ᵏ⁾ = Σ exp(s − m⁽ᵏ⁾), then\n"
+                "m = max(m, m⁽ᵏ⁾), α = exp(m_old − m), w = exp(m⁽ᵏ⁾ − m), l = l·α + l⁽ᵏ⁾·w")
+    return "form rescale: m = max(m, block max), α = exp(m_old − m), l = l·α + Σ exp(s − m)"
+
+
 def _step_table(trace, show_all: bool, d: int, with_values: bool = True,
                 arrows: bool = True) -> Group:
     merge = trace.form == "merge"
     # merge is the wider table
     show_values = with_values and trace.block <= VALUES_UP_TO and not merge
-    title = (
-        "form merge: each block's own m⁽ᵏ⁾ and l⁽ᵏ⁾ = Σ exp(s − m⁽ᵏ⁾), then\n"
-        "m = max(m, m⁽ᵏ⁾), α = exp(m_old − m), w = exp(m⁽ᵏ⁾ − m), l = l·α + l⁽ᵏ⁾·w"
-        if merge
-        else "form rescale: m = max(m, block max), α = exp(m_old − m), l = l·α + Σ exp(s − m)"
-    )
+    title = form_line(trace.form)
     if not with_values and trace.block <= VALUES_UP_TO and not merge:
         title += ("\n(the values column is left out at this width: --explain lists each "
                   "block's scores)")

@@ -129,7 +129,27 @@ def backward_lines(p: Sequence[float], dp: Sequence[float], d: float, ds: Sequen
     return lines
 
 
+def trace_heading(step) -> str:
+    """A block's heading above its lines: "block 1, keys 2:4, scores [5, 3]" (the scores of a
+    block of up to 8)."""
+    shown = "" if step.values is None or len(step.values) > 8 else (
+        ", scores [" + ", ".join(f"{float(v):g}" for v in step.values) + "]")
+    return f"block {step.block}, keys {step.start}:{step.stop}{shown}"
+
+
+def attention_heading(step) -> str:
+    """A K/V tile's heading: "tile 1, keys 2:4" (or "sink")."""
+    return "sink" if step.sink else f"tile {step.block}, keys {step.start}:{step.stop}"
+
+
+def attention_step_lines(steps: Sequence, k: int, digits: int = 7) -> list[str]:
+    """attention_lines of steps[k], O before it taken from the last step before k that has O."""
+    prev = next((p.o for p in reversed(steps[:k]) if p.o is not None), None)
+    return attention_lines(steps[k], prev, digits)
+
+
 ATTENTION_NOTE = ("P = exp(S − m) on the tile's keys: ΣP is what the tile adds to l, P·V what it "
                   "adds to O")
 
-__all__ = ["ATTENTION_NOTE", "attention_lines", "backward_lines", "g", "plus", "trace_lines"]
+__all__ = ["ATTENTION_NOTE", "attention_heading", "attention_lines", "attention_step_lines",
+           "backward_lines", "g", "plus", "trace_heading", "trace_lines"]

@@ -16,6 +16,10 @@ t is the number of query rows, n of keys (both N in the paper). `elementwise_pas
 standard forms, separate kernels (a mask, dropout) that each read and write the t×n matrix once
 per direction, as an unfused PyTorch attention does.
 
+`fa1_traffic` follows the tiled loops step by step (K/V tiles outer, Q tiles inner, as FA1's
+Algorithms 1 and 4): the elements read and written so far after each (K/V tile, Q tile) pair,
+which the interactive page (present/page.py) shows beside the trace.
+
 It is a model: no caches, no kernel launch or recomputation overheads, exact block counts.
 Leaves out: running anything (sweep.py), printing (present/).
 
@@ -27,6 +31,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from osm_cli.errors import InputError
 
@@ -114,6 +120,40 @@ def hbm_bytes_flash(
     return elems * heads * batch * dtype_bytes
 
 
+def fa1_traffic(t: int, n: int, d: int, block_q: int, block_k: int, skip=None, *,
+                backward: bool = False, order=None) -> tuple[np.ndarray, np.ndarray]:
+    """Elements (read, written) between HBM and SRAM so far, per head, along FA1's tiled loop:
+    two (n_k, n_q) int arrays whose [j, i] entry counts everything up to and including the pair
+    (K/V tile order[j], Q tile i), the K/V tiles outer (visited in `order`, default forward)
+    and the Q tiles inner. skip (n_q, n_k) marks tiles a mask hides: skipped, as FA1's
+    block-sparse Algorithm 5 (K_j, V_j still read). The last entries add up to
+    hbm_bytes_flash's elements (backward=True: Algorithm 4's part alone).
+
+    Forward (Algorithm 1): O, l, m written once at the start, t·(d + 2); per K/V tile, K_j and V_j
+    read; per computed pair, each row reads Q_i, O_i, l_i, m_i (2d + 2) and writes O_i, l_i, m_i
+    (d + 2). Backward (Algorithm 4): dQ, dK, dV written at the start, t·d + 2·n·d; per K/V tile,
+    K_j and V_j read and, after its last Q tile, dK_j and dV_j written; per computed pair each
+    row reads Q_i, O_i, dO_i, dQ_i, l_i, m_i (4d + 2) and writes dQ_i (d).
+
+    Example: fa1_traffic(4, 4, 2, 2, 2)[0][-1, -1] + fa1_traffic(4, 4, 2, 2, 2)[1][-1, -1]
+    == hbm_bytes_flash(4, 2, block_k=2, n_q=4, dtype_bytes=1) == 112
+    """
+    n_q, n_k = -(-t // block_q), -(-n // block_k)
+    rows = np.minimum(block_q, t - block_q * np.arange(n_q))  # the last tiles may be short
+    cols = np.minimum(block_k, n - block_k * np.arange(n_k))
+    order = np.arange(n_k) if order is None else np.asarray(order, dtype=np.int64)
+    done = np.ones((n_q, n_k), dtype=bool) if skip is None else ~np.asarray(skip, dtype=bool)
+    visits = (done[:, order].T * rows).astype(np.int64)  # (n_k, n_q) rows computed per pair
+    per_read, per_write = (4 * d + 2, d) if backward else (2 * d + 2, d + 2)
+    read, written = visits * per_read, visits * per_write
+    read[:, 0] += 2 * cols[order] * d  # K_j and V_j, read as the tile starts
+    if backward:
+        written[:, -1] += 2 * cols[order] * d  # dK_j and dV_j, once its Q tiles are done
+    start = t * d + 2 * n * d if backward else t * (d + 2)
+    return read.ravel().cumsum().reshape(read.shape), start + written.ravel().cumsum().reshape(
+        written.shape)
+
+
 def tile_bytes(block_q: int, block_k: int, d: int, dtype_bytes: int = 2, acc_bytes: int = 4) -> int:
     """On-chip working set of one tile step: Q_i (B_r×d), K_j and V_j (B_c×d) in the input dtype;
     S/P (B_r×B_c), the O accumulator (B_r×d), m and l (B_r) in fp32 (`acc_bytes`).
@@ -179,6 +219,6 @@ def cost(N: int, d: int, heads: int = 1, batch: int = 1, dtype_bytes: int = 2,
 
 
 __all__ = [
-    "Cost", "attention_flops", "cost", "fa1_blocks", "hbm_bytes_flash", "hbm_bytes_standard",
-    "parse_size", "tile_bytes",
+    "Cost", "attention_flops", "cost", "fa1_blocks", "fa1_traffic", "hbm_bytes_flash",
+    "hbm_bytes_standard", "parse_size", "tile_bytes",
 ]
