@@ -113,8 +113,8 @@ def test_csv_errors(runner, tmp_path, ramp):
     assert r.stderr.count("\n") == 1
     r = run(runner, ramp, "--dtype", "bf16", "--precision", "naive", "--csv", tmp_path / "x.csv")
     assert r.exit_code == 1 and r.stderr == (
-        "Error: --csv, --plot and --step show the tiles of the tiled run; --precision naive is "
-        "one-shot attention\n")
+        "Error: --csv, --plot, --step and --html show the tiles of the tiled run; --precision "
+        "naive is one-shot attention\n")
 
 
 # ---------------------------------------------------------------------------------------------

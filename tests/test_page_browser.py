@@ -15,9 +15,9 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import osm
 
 import osm_cli
+from conftest import osm
 from osm_cli.reports.explain import attention_step_lines, g, trace_lines
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "

@@ -32,8 +32,6 @@ import math
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from osm_cli.errors import InputError
 
 _UNITS = {
@@ -121,7 +119,7 @@ def hbm_bytes_flash(
 
 
 def fa1_traffic(t: int, n: int, d: int, block_q: int, block_k: int, skip=None, *,
-                backward: bool = False, order=None) -> tuple[np.ndarray, np.ndarray]:
+                backward: bool = False, order=None) -> tuple:
     """Elements (read, written) between HBM and SRAM so far, per head, along FA1's tiled loop:
     two (n_k, n_q) int arrays whose [j, i] entry counts everything up to and including the pair
     (K/V tile order[j], Q tile i), the K/V tiles outer (visited in `order`, default forward)
@@ -138,6 +136,8 @@ def fa1_traffic(t: int, n: int, d: int, block_q: int, block_k: int, skip=None, *
     Example: fa1_traffic(4, 4, 2, 2, 2)[0][-1, -1] + fa1_traffic(4, 4, 2, 2, 2)[1][-1, -1]
     == hbm_bytes_flash(4, 2, block_k=2, n_q=4, dtype_bytes=1) == 112
     """
+    import numpy as np  # here: `osm --help` reads this module's parse_size without numpy
+
     n_q, n_k = -(-t // block_q), -(-n // block_k)
     rows = np.minimum(block_q, t - block_q * np.arange(n_q))  # the last tiles may be short
     cols = np.minimum(block_k, n - block_k * np.arange(n_k))
