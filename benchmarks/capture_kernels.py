@@ -40,7 +40,8 @@ float16 is stored as float16; bfloat16 as float32 (exact). PyTorch's is_causal i
 FA4's causal is bottom-right (key j visible to query i iff j <= i + s - t).
 
 Usage (on the GPU machine):
-  python capture_kernels.py sdpa --out /root/cap [--small-only]
+  python capture_kernels.py sdpa --out /root/cap [--small-only] [--only CASE ...]
+        [--backends flash] [--repeat 4] [--kernel-names] [--no-ref-file]
   python capture_kernels.py fa4 --out /root/cap --site /root/site [--only plain_bf16 ...]
   python capture_kernels.py ship --src /root/cap --dst $OUT
   python capture_kernels.py shrink IN.npz OUT.npz --heads 1 [--drop 'd?_ref32' out_ref32]
@@ -199,6 +200,18 @@ SDPA_CASES = [
     # decoding shapes: FA2's split-KV path (num_splits_heuristic picks > 1 split here)
     ("med_decode_t1_s2048", 1, 2, 2, 1, 2048, 64, False, 1.0, 25, False),
     ("med_splitkv_t64_s2048", 1, 2, 2, 64, 2048, 64, False, 1.0, 26, False),
+    # issue 25, small split-KV cases to commit (few Q tiles, long K: 2 to 12 splits on 132
+    # SMs); no shrinking, since the split count depends on the heads
+    ("splitkv_t64_s2048", 1, 1, 1, 64, 2048, 64, False, 1.0, 61, True),
+    ("splitkv_gqa_t128_s3000_d32", 1, 2, 1, 128, 3000, 32, False, 1.0, 62, True),
+    ("splitkv_t16_s1024_d128", 1, 1, 1, 16, 1024, 128, False, 1.0, 63, True),
+    ("splitkv_t32_s1536_d96", 1, 1, 1, 32, 1536, 96, False, 1.0, 64, True),
+    ("splitkv_t1_s1024", 1, 1, 1, 1, 1024, 64, False, 1.0, 65, True),
+    ("splitkv_causal_t512", 1, 1, 1, 512, 512, 64, True, 1.0, 66, True),
+    # issue 25, held out: not looked at while tuning the split-KV and backward models
+    ("fresh_splitkv_gqa_t80_s1500_d80", 1, 2, 1, 80, 1500, 80, False, 1.0, 71, True),
+    ("fresh_causal_t384", 1, 2, 1, 384, 384, 64, True, 1.0, 72, True),
+    ("fresh_rect_t200_s640_d128", 1, 1, 1, 200, 640, 128, False, 1.0, 73, True),
 ]
 BACKENDS = ("flash", "efficient", "cudnn")
 
@@ -302,6 +315,25 @@ def sdpa_case(case, dtype_name, dev, attention_ref, writer, args):
             meta["out_grads_via"] = ("F.scaled_dot_product_attention(q, k, v, is_causal, "
                                      "enable_gqa) under sdpa_kernel([backend]); "
                                      "torch.autograd.grad(out, (q, k, v), do)")
+
+            def again(sdp=sdp):
+                ql2, kl2, vl2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                with sdpa_kernel([sdp]):
+                    o2 = F.scaled_dot_product_attention(ql2, kl2, vl2, is_causal=causal,
+                                                        enable_gqa=gqa)
+                    return (o2, *torch.autograd.grad(o2, (ql2, kl2, vl2), do))
+
+            if args.repeat:
+                runs = [again() for _ in range(args.repeat)]
+                sync()
+                meta["rerun"] = rerun_meta(runs, (out, dq, dk, dv))
+                if meta["rerun"]["dq_elements_differing"]:
+                    res["dq_reruns"] = torch.stack([r[1] for r in runs])
+            if args.kernel_names:
+                try:
+                    meta["cuda_kernels"] = kernel_names(again)
+                except Exception as e:  # noqa: BLE001  (a CPU dry run has no CUDA activity)
+                    meta["errors"]["kernel_names"] = err_text(e)
         except Exception as e:  # noqa: BLE001
             meta["errors"]["forward_backward"] = err_text(e)
             log(f"  {backend} {dtype_name} {name}: sdpa failed: {err_text(e)[:300]}")
@@ -335,7 +367,8 @@ def sdpa_case(case, dtype_name, dev, attention_ref, writer, args):
     if small:
         for backend, (arr, meta) in outs.items():
             writer.save(f"sdpa_{backend}_{dshort}_{name}.npz", {**np_in, **arr}, meta)
-        writer.save(f"sdpa_ref_{dshort}_{name}.npz", np_refs, ref_meta)
+        if not args.no_ref_file:
+            writer.save(f"sdpa_ref_{dshort}_{name}.npz", np_refs, ref_meta)
     else:
         pt = {kk: x for kk, x in np_refs.items() if kk.endswith("_pt")}
         writer.save(f"sdpa_{name}_{dshort}_inputs.npz", {**np_in, **pt},
@@ -351,6 +384,31 @@ def sdpa_case(case, dtype_name, dev, attention_ref, writer, args):
     status = {b: m["errors"] for b, (_, m) in outs.items()}
     log(f"sdpa {name} {dtype_name}: " + json.dumps(status)[:600])
     return status
+
+
+def rerun_meta(runs, first) -> dict:
+    """How often a rerun of the same forward and backward gave other bits (dQ's atomics)."""
+    import torch
+
+    names = ("out", "dq", "dk", "dv")
+    m = {"runs": len(runs), "note": "forward + backward rerun on the same inputs; counts are "
+         "elements that differ from the first run in at least one rerun"}
+    for i, n in enumerate(names):
+        diff = torch.zeros_like(first[i], dtype=torch.bool)
+        for r in runs:
+            diff |= r[i] != first[i]
+        m[f"{n}_elements_differing"] = int(diff.sum())
+    return m
+
+
+def kernel_names(fn) -> dict:
+    """The names of the CUDA kernels one call of fn launches (torch.profiler), in order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
 def cmd_sdpa(args) -> None:
@@ -841,6 +899,12 @@ def main(argv=None) -> None:
     p.add_argument("--backends", nargs="*", choices=BACKENDS, help="default: all three")
     p.add_argument("--only", nargs="*", help="case names")
     p.add_argument("--fa4-testing")
+    p.add_argument("--repeat", type=int, default=0,
+                   help="rerun forward + backward N times: which bits change (dQ's atomics)")
+    p.add_argument("--kernel-names", action="store_true",
+                   help="record the CUDA kernels each run launches (torch.profiler)")
+    p.add_argument("--no-ref-file", action="store_true",
+                   help="write no sdpa_ref_* file (osm recomputes references on the CPU)")
     p = sub.add_parser("fa4")
     p.add_argument("--out", required=True)
     p.add_argument("--site", action="append", help="site dir holding the FA4 wheels' contents")

@@ -237,7 +237,10 @@ def test_fa4_preset_bit_identical_to_flash_attn_4(case):
 
 def test_all_captured_cases_are_here():
     flash = {c.label for c in CASES if c.kernel == "flash"}
-    assert len(flash) == 14  # 7 cases × fp16, bf16 (new_causal_d96, new_rect_gqa_d80: fresh)
+    # 16 cases × fp16, bf16: the 7 of the first captures (new_causal_d96, new_rect_gqa_d80 fresh
+    # then), the 6 split-KV ones of issue 25 and its 3 held-out fresh_* shapes
+    assert len(flash) == 32
+    assert sum(c.name.startswith("splitkv_") for c in CASES if c.kernel == "flash") == 12
     assert {"fa4/bfloat16/plain", "fa4/bfloat16/causal", "fa4/bfloat16/gqa",
             "fa4/bfloat16/sink"} <= {c.label for c in CASES}
 
