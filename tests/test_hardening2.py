@@ -285,7 +285,9 @@ def test_check_fails_garbage_where_plain_attention_overflows(runner, tmp_path, f
     r = runner.invoke(app, ["check", str(tmp_path / "o.npy"), *qkv, "--json"])
     rule = strict_json(r.stdout)["verdict"]["out"]
     assert rule["passed"] is False and rule["baseline_from"] == "model"
-    assert 0 < rule["bound"] < 0.01 and rule["max_err"] > 0.5
+    # one key dominates every row: O is that key's V exactly, and PyTorch's FA2 (its exp2 of a
+    # rounded S·c minus m·c: the top key gets exp2(0) = 1) reproduces it with no error at all
+    assert 0 <= rule["bound"] < 0.01 and rule["max_err"] > 0.5
 
 
 def test_check_passes_a_faithful_kernel_where_plain_attention_overflows(runner, tmp_path,

@@ -65,7 +65,7 @@ def test_fa2_kernel_line(runner):
     line = next(ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("kernel"))
     assert " ".join(line.split()) == (
         "kernel fa2: FlashAttention-2 forward (PyTorch's flash SDPA backend): K/V tiles of 128 "
-        "visited last to first; exp2 on an FMA; O·(1/l)")
+        "visited last to first; exp2 of S·c rounded, minus m·c; O·(1/l)")
 
 
 def test_trace_in_kernel_order(runner):

@@ -47,6 +47,7 @@ from osm_cli.flash.plan import Counts, Plan, make_plan, marked, q_groups, row_st
 
 from .descale import Descale, check_reach
 from .dtypes import DTYPES, bits
+from .gpu_libm import recip as recip_rn
 from .gpu_ops import (
     F32,
     LN2,
@@ -325,7 +326,11 @@ def _probabilities(kernel: Preset, ar: Arith, s: np.ndarray, safe: np.ndarray,
         if kernel.exp == "exp":
             nat = ar.nat[..., 0].astype(F32)
             return np.exp((s * nat[..., None]).astype(F32) - (safe * nat)[..., None]).astype(F32)
-        x = _fma_tile(s, ar.c, (off - (safe * c).astype(F32))[..., None])
+        if kernel.exp == "exp2-unfused":  # UNFUSE_FMA: fl(S·c) − fl(m·c)
+            x = (s * ar.c).astype(F32)
+            x -= (safe * c).astype(F32)[..., None]  # (FA2 takes no FP8 offset)
+        else:
+            x = _fma_tile(s, ar.c, (off - (safe * c).astype(F32))[..., None])
         p = ar.ops.exp2(x)
     if ar.emulated is not None:
         cols = np.flatnonzero(ar.emulated(s.shape[-1]))  # indices: quicker than a mask
@@ -409,8 +414,8 @@ def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _
                                       o[at] / F32(2.0 ** ar.offset), sink=True))
     bad = (l == 0) | np.isnan(l)
     safe_l = np.where(bad, F32(1), l)
-    if kernel.normalise == "reciprocal":
-        scale = ar.ops.recip(safe_l)
+    if kernel.normalise in ("reciprocal", "reciprocal-rn"):
+        scale = ar.ops.recip(safe_l) if kernel.normalise == "reciprocal" else recip_rn(safe_l)
         if ar.vscale is not None:
             scale = (scale * ar.vscale[..., 0]).astype(F32)
         o = (o * scale[..., None]).astype(F32)

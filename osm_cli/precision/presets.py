@@ -2,9 +2,10 @@
 each (docs/numerics.md#kernel-presets).
 
 A preset names the kernel's schedule (its K/V tile width per head dim, the order it visits the
-K/V tiles, its split-KV heuristic) and its arithmetic: how exp is computed (FA2/FA4: exp2 of
-S·scale·log2e − m·scale·log2e, the subtraction folded into one fused multiply-add), how O is
-normalised (a reciprocal then a multiply), where P is rounded, the LSE of a fully masked row,
+K/V tiles, its split-KV heuristic) and its arithmetic: how exp is computed (exp2 of
+S·scale·log2e − m·scale·log2e: FA4 folds the subtraction into one fused multiply-add, PyTorch's
+FA2 rounds the product first), how O is normalised (a reciprocal then a multiply: FA4's
+rcp.approx, FA2's correctly rounded 1/l), where P is rounded, the LSE of a fully masked row,
 the lazy-rescale threshold and the FP8 offset. emulate.py runs any preset; "tiles" is osm's own
 readable loop (flash/), for fp32 and fp64 teaching runs.
 
@@ -36,8 +37,10 @@ class Preset:
     block_q: int
     reverse: bool  # K/V tiles visited last to first
     split_kv: bool  # FA2's split-KV heuristic (few Q tiles for the GPU: key ranges merged)
-    exp: str  # "exp2-fma" (ex2 of one FMA), "exp2-emu" (FA4 SM100's polynomial), "exp"
-    normalise: str  # "reciprocal": O · (1/l); "divide": O / l
+    exp: str  # "exp2-fma" (ex2 of one FMA), "exp2-unfused" (ex2(S·c − m·c), two roundings:
+    # PyTorch builds FA2 with UNFUSE_FMA), "exp2-emu" (FA4 SM100's polynomial), "exp"
+    normalise: str  # "reciprocal": O · rcp.approx(l); "reciprocal-rn": O · (1/l) correctly
+    # rounded (no --use_fast_math); "divide": O / l
     masked_lse: str  # LSE of a fully masked row: "pos-inf" (FA2) or "neg-inf" (FA3/FA4)
     lse: str  # "ln": m·scale + ln l (FA2); "log2": (m·scale·log2e + log2 l)·ln 2 (FA4)
     softcap: str  # "tanh-scaled" (FA2: tanh(S·scale/C), scale C) or "score-mod" (FA4)
@@ -129,8 +132,8 @@ def _fa4_width(d: int, dv: int, causal: bool, local: bool, width: int) -> int:
 PRESETS: dict[str, Preset] = {
     "fa2": Preset(
         "fa2", "FlashAttention-2 forward (PyTorch's flash SDPA backend)",
-        ((64, 128), (10**9, 64)), 128, reverse=True, split_kv=True, exp="exp2-fma",
-        normalise="reciprocal", masked_lse="pos-inf", lse="ln", softcap="tanh-scaled",
+        ((64, 128), (10**9, 64)), 128, reverse=True, split_kv=True, exp="exp2-unfused",
+        normalise="reciprocal-rn", masked_lse="pos-inf", lse="ln", softcap="tanh-scaled",
         dtypes=SIXTEEN, alibi=True, sinks=False,
         verified="PyTorch 2.11 flash SDPA on an H200: bit for bit on ≥ 99.9 % (bf16)"),
     "fa4": Preset(

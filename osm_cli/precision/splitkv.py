@@ -16,6 +16,7 @@ import numpy as np
 from osm_cli.flash.forward import Attention, ScoreOptions, masked_as
 from osm_cli.flash.shapes import as_bhnd
 
+from .gpu_libm import expf, logf
 from .gpu_ops import F32, fma
 from .presets import SMS, fa2_plan
 
@@ -55,7 +56,8 @@ def split_kv_run(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, dense,
 
 def fa2_combine(outs: list, lses: list, d: int) -> tuple[np.ndarray, np.ndarray]:
     """FA2's split-KV combine kernel (flash_fwd_kernel.h, combine_attn_seqk_parallel) in its
-    float32 order: m = the splits' largest LSE (0 if all are −inf); Σ exp(LSE_s − m) summed as
+    float32 order, with CUDA's expf and logf (gpu_libm: PyTorch builds it without fast math):
+    m = the splits' largest LSE (0 if all are −inf); Σ exp(LSE_s − m) summed as
     its threads do (each lane's splits in turn, then a butterfly over the lanes: the lane
     count and splits per lane follow from the head dim and the split count); L = ln Σ + m;
     O = Σ_s exp(LSE_s − L)·O_s, one fused multiply-add per split in split order. A row that no
@@ -71,7 +73,7 @@ def fa2_combine(outs: list, lses: list, d: int) -> tuple[np.ndarray, np.ndarray]
     with np.errstate(invalid="ignore", over="ignore"):
         top = lse.max(axis=0)
         top = np.where(np.isneginf(top), F32(0), top)
-        e = np.exp(lse - top, dtype=F32)
+        e = expf(lse - top)
         e = np.concatenate([e, np.zeros((most - len(lses), *e.shape[1:]), F32)])
         per = e[:lanes].copy()
         for j in range(lanes, most, lanes):  # each lane's own splits, in turn
@@ -81,9 +83,9 @@ def fa2_combine(outs: list, lses: list, d: int) -> tuple[np.ndarray, np.ndarray]
             per = per[:half] + per[half:]
         total = per[0]
         none = (total == 0) | np.isnan(total)
-        logsum = np.where(none, F32(np.inf), np.log(np.where(none, F32(1), total), dtype=F32)
+        logsum = np.where(none, F32(np.inf), logf(np.where(none, F32(1), total))
                           + top).astype(F32)
-        scale = np.exp(lse - logsum, dtype=F32)
+        scale = expf(lse - logsum)
     out = np.zeros(np.shape(outs[0]), dtype=F32)
     for sc, o in zip(scale, outs, strict=True):
         out = fma(np.asarray(o, dtype=F32), sc[..., None], out)

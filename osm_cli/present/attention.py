@@ -34,13 +34,14 @@ def kernel_text(name: str, block_k: int | None = None, splits: int = 1, *, mma: 
     if splits > 1:
         parts.append(f"split-KV: {splits} key ranges merged in float32")
     parts.append({"exp2-fma": "exp2 on an FMA",
+                  "exp2-unfused": "exp2 of S·c rounded, minus m·c",
                   "exp2-emu": "exp2 on an FMA, some columns by a degree-3 polynomial",
                   "exp": "exp(S − m)"}[p.exp])
     if dtype is not None and p.threshold(dtype) > 0:
         parts.append(f"lazy rescale τ = {p.threshold(dtype):g} (log2)")
     if dtype is not None and p.max_offset(dtype):
         parts.append(f"P = exp2(… + {p.max_offset(dtype)}) before FP8")
-    parts.append("O·(1/l)" if p.normalise == "reciprocal" else "O / l")
+    parts.append("O·(1/l)" if p.normalise.startswith("reciprocal") else "O / l")
     if mma == "tensor-core":
         parts.append("tensor cores' truncating accumulation")
     line = f"{name}: {title}: {'; '.join(parts)}"
