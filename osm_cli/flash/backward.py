@@ -133,13 +133,19 @@ def attention_backward(
     s = plan.k3.shape[1]
     if trace_at is not None and s and not 0 <= trace_key < s:
         raise InputError(f"traced key {trace_key} is outside K's {s} keys")
-    saved, lse4 = _saved(plan, q, do, out, lse, opts.layout)
+    if hooks.kernel is not None and (plan.slopes is not None or opts.score_mod is not None
+                                     or (opts.mask is not None
+                                         and np.asarray(opts.mask).dtype.kind != "b")):
+        raise InputError("a kernel's backward arithmetic takes no ALiBi, score_mod or float "
+                         "mask; osm's own backward (no kernel hook) does")
+    saved, lse4 = _saved(plan, q, do, out, lse, opts.layout, hooks.kernel)
     grads = _loop(plan, saved, hooks, trace_key if trace_at is not None else -1, progress)
     return _assemble(plan, q, k, v, out, lse, own, opts, hooks, saved, lse4, grads, trace_key)
 
 
-def _saved(plan: Plan, q, do, out, lse, layout: str) -> tuple[Saved, np.ndarray]:
-    """Check dO, O and the LSE against the plan's shapes and group them like q5."""
+def _saved(plan: Plan, q, do, out, lse, layout: str, kernel=None) -> tuple[Saved, np.ndarray]:
+    """Check dO, O and the LSE against the plan's shapes and group them like q5 (D in the
+    kernel's order when a kernel hook is given)."""
     b, hk, g = plan.groups
     hq, t, dv = hk * g, plan.t, plan.v3.shape[-1]
     acc = plan.accum
@@ -152,7 +158,7 @@ def _saved(plan: Plan, q, do, out, lse, layout: str) -> tuple[Saved, np.ndarray]
     if np.isnan(lse4).any():
         raise InputError("LSE holds NaN; a kernel's LSE is finite, or ±inf (or 0) on a row "
                          "whose keys are all masked")
-    d = delta(do4, o4, acc)
+    d = delta(do4, o4, acc) if kernel is None else kernel.delta_of(do4, o4)
     q_acc = plan.q5.astype(acc, copy=False)
     d_q = q_acc.shape[-1]
     group = (b * hk, g, t)
@@ -211,6 +217,7 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
     at = plan.traced_group - g0  # the traced kv group, within g0:g1
     traced_here = plan.traced_group >= 0 and 0 <= at < g1 - g0
     step_kw = {"heads": g, "p_round": hooks.p_round, "ds_round": hooks.ds_round}
+    kern = hooks.kernel
     for tile in grads.tiles:
         j0, j1 = tile.j0, tile.j1
         kj = plan.k3[g0:g1, j0:j1].astype(acc, copy=False)
@@ -219,7 +226,8 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
         dk_j = grads.dk[g0:g1, :, j0:j1]
         dv_j = grads.dv[g0:g1, :, j0:j1]
         keyed = traced_here and j0 <= key < j1
-        for i0, kind in zip(plan.q_starts, tile.kinds, strict=True):
+        q_tiles = list(zip(plan.q_starts, tile.kinds, strict=True))
+        for i0, kind in (q_tiles[::-1] if kern is not None and kern.reverse_q else q_tiles):
             i1 = plan.q_end(i0)
             n = i1 - i0
             here = traced_here and plan.locate(i0, i1) is not None  # the traced query row
@@ -235,15 +243,20 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
             rows = (g1 - g0, g * n)
             vis = plan.visible(i0, i1, j0, j1) if kind == "partial" else None
             um = plan.mask_tile(i0, i1, j0, j1, g0, g1, partial=kind == "partial")
-            sc, dtanh = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um,
-                                   softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1, g0, g1),
-                                   dtanh=True, mod=plan.tile_mod(i0, i1, j0, j1, g0, g1))
-            up = backward_step(
-                sc, sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
-                sv.q[g0:g1, :, i0:i1].reshape(*rows, -1), kj, vj,
-                sv.do[g0:g1, :, i0:i1].reshape(*rows, -1), ds_factor=dtanh, **step_kw)
-            dk_j += up.dk
-            dv_j += up.dv
+            if kern is not None:  # the kernel's own arithmetic, its accumulators chained
+                up = kern.step(
+                    sv.q[g0:g1, :, i0:i1].reshape(*rows, -1), kj, vj,
+                    sv.do[g0:g1, :, i0:i1].reshape(*rows, -1),
+                    sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
+                    scale=plan.scale, heads=g, dk=dk_j, dv=dv_j, visible=vis, mask=um,
+                    softcap=plan.softcap, p_round=hooks.p_round, ds_round=hooks.ds_round)
+                dk_j[...] = up.dk
+                dv_j[...] = up.dv
+            else:
+                up = _osm_step(plan, sv, (g0, g1, i0, i1, j0, j1), rows, kT, kj, vj, vis, um,
+                               step_kw)
+                dk_j += up.dk
+                dv_j += up.dv
             grads.dq[g0:g1, :, i0:i1] += up.dq.reshape(g1 - g0, g, n, -1)
             if keyed:
                 c = key - j0
@@ -257,6 +270,19 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                     float(up.ds[at, r].sum()),
                     dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
         tick()
+
+
+def _osm_step(plan: Plan, sv: Saved, at: tuple, rows, kT, kj, vj, vis, um, step_kw):
+    """osm's own tile update (core.backward.backward_step) on score_tile's scores, for kv
+    groups g0:g1, query rows i0:i1 and keys j0:j1 (at)."""
+    g0, g1, i0, i1, j0, j1 = at
+    sc, dtanh = score_tile(sv.qs[g0:g1, :, i0:i1].reshape(*rows, -1), kT, vis, um,
+                           softcap=plan.softcap, bias=plan.bias(i0, i1, j0, j1, g0, g1),
+                           dtanh=True, mod=plan.tile_mod(i0, i1, j0, j1, g0, g1))
+    return backward_step(
+        sc, sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
+        sv.q[g0:g1, :, i0:i1].reshape(*rows, -1), kj, vj,
+        sv.do[g0:g1, :, i0:i1].reshape(*rows, -1), ds_factor=dtanh, **step_kw)
 
 
 def _dkv_norms(plan: Plan, dk_j, dv_j, at: int, c: int) -> tuple[float, float]:
@@ -273,12 +299,16 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
     acc = plan.accum
     d, dv_dim = grads.dq.shape[-1], grads.dv.shape[-1]
     dq = (grads.dq * acc.type(scale)).reshape(b, hq, t, d)
-    dk_h = grads.dk * acc.type(scale)
-    dv_h = grads.dv
-    if hooks.head_round is not None and g > 1:
-        dk_h, dv_h = hooks.head_round(dk_h), hooks.head_round(dv_h)
-    dk = dk_h.sum(axis=1).reshape(b, hk, s, d)
-    dv = dv_h.sum(axis=1).reshape(b, hk, s, dv_dim)
+    if hooks.kernel is not None and hooks.kernel.group_fp32:  # the group summed, then scaled
+        dk = (hooks.kernel.group_sum(grads.dk) * acc.type(scale)).reshape(b, hk, s, d)
+        dv = hooks.kernel.group_sum(grads.dv).reshape(b, hk, s, dv_dim)
+    else:
+        dk_h = grads.dk * acc.type(scale)
+        dv_h = grads.dv
+        if hooks.head_round is not None and g > 1:
+            dk_h, dv_h = hooks.head_round(dk_h), hooks.head_round(dv_h)
+        dk = dk_h.sum(axis=1).reshape(b, hk, s, d)
+        dv = dv_h.sum(axis=1).reshape(b, hk, s, dv_dim)
     nq, nk, nv = np.ndim(q), np.ndim(k), np.ndim(v)
     lay = opts.layout
     d_out = lse_from_bhnd(saved.d.reshape(b, hq, t), nq)  # shaped like attention's LSE

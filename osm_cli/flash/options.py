@@ -196,6 +196,8 @@ class Hooks:
     ds_round: Callable | None = None  # backward: rounds dS before dS·K and dSᵀ·Q
     head_round: Callable | None = None  # backward, GQA: rounds each query head's dK and dV
     # before the group's sum (FA2 writes them per head, then sums)
+    kernel: object | None = None  # backward: a kernel's own tile arithmetic (precision/
+    # kernel_backward.py: delta_of, step, reverse_q, group_fp32, group_sum); None: osm's
 
 
 _RECORDS = (ScoreOptions, Tiling, Hooks)

@@ -26,6 +26,7 @@ from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
 from osm_cli.flash.reference import reference_backward
 
 from .dtypes import bits, carrier, round_to
+from .kernel_backward import KERNEL_BACKWARDS, kernel_backward
 from .model import Model
 
 
@@ -68,7 +69,8 @@ def flash_hooks(m: Model, kernel: str | None = None) -> Hooks:
 
 def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
                    opts: ScoreOptions | None = None, tiling: Tiling | None = None,
-                   kernel: str | None = None, mma: str = "blas", **kwargs) -> Backward:
+                   kernel: str | None = None, mma: str = "blas", arith=None,
+                   **kwargs) -> Backward:
     """The flash model's backward: attention_backward with model m's rounding, dQ, dK, dV
     rounded to the dtype at the end. q, k, v and do hold the dtype's values already
     (round_inputs); out and lse are the forward's (a kernel's; without them osm's flash model
@@ -76,7 +78,10 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
     forward gives O and LSE (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles
     otherwise) and whose backward is modelled: fa4 and fa4-sm100 take FA4's backward tiles and
     sum GQA's dK, dV in float32; the others FA2's tiles and per-head rounding. tiling replaces
-    the tiles; mma is how the forward's matmuls round. kwargs are attention_backward's
+    the tiles; mma is how the matmuls round: with "tensor-core" fa2 and fa4 run their kernel's
+    own backward arithmetic too (kernel_backward.py: the order of D, S unscaled, P's exp2, the
+    tensor cores' chained dK and dV); arith, a kernel_backward.KernelBackward, replaces that
+    arithmetic (an ablation: benchmarks/kernel_bits.py). kwargs are attention_backward's
     (trace_at, trace_key, progress)."""
     from .presets import default_kernel
 
@@ -93,13 +98,26 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
         extra = {} if name == "tiles" else {"mma": mma}
         fwd = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
         out, lse = fwd.out, fwd.lse
+    hooks = flash_hooks(m, name)
+    if mma == "tensor-core" and name in KERNEL_BACKWARDS and m.p_round is not None \
+            and _kernel_takes(opts, name):
+        hooks = replace(hooks, kernel=arith or kernel_backward(name, mma))
     res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
-                             hooks=flash_hooks(m, name), **kwargs)
+                             hooks=hooks, **kwargs)
     res = replace(res, own_forward=own)
     if bits(m.dtype) >= bits(res.dq.dtype):
         return res
     dq, dk, dv = (round_to(x, m.dtype, x.dtype) for x in (res.dq, res.dk, res.dv))
     return replace(res, dq=dq, dk=dk, dv=dv)
+
+
+def _kernel_takes(opts: ScoreOptions, name: str) -> bool:
+    """Whether the kernel's own backward arithmetic (kernel_backward.py) models these options:
+    not ALiBi, a score_mod, a float mask, nor FA2's softcap (osm's loop runs those)."""
+    mask = opts.mask
+    return opts.alibi_slopes is None and opts.score_mod is None and (
+        name != "fa2" or opts.softcap is None) and (
+        mask is None or np.asarray(mask).dtype.kind == "b")
 
 
 def plain_backward(q, k, v, do, dtype, opts: ScoreOptions | None = None,
