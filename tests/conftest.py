@@ -52,6 +52,17 @@ def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64):
             rand(*lead_k, s, d if dv is None else dv, seed=seed + 2, dtype=dtype))
 
 
+def captured_cases() -> list:
+    """samples/kernels' captured kernel runs, by benchmarks/captures.py (their one loader)."""
+    import importlib.util
+
+    name = "osm_benchmarks_captures"
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks/captures.py")
+    mod = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(mod)
+    return mod.load_cases(SAMPLES / "kernels")
+
+
 def osm(*args, width: int | None = None, input=None, runner: CliRunner | None = None):
     """`osm *args` through typer's CliRunner (stdout and stderr apart), COLUMNS=width if given;
     never a traceback."""

@@ -5,9 +5,7 @@ kernel; the captured H200 kernels reproduced bit for bit; FA4's FP8 saturation b
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import captured_cases
 from osm_cli.errors import OsmError
 from osm_cli.flash.reference import reference
 from osm_cli.precision.emulate import Descale
@@ -26,15 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 F32 = np.float32
 
 
-def _captures():
-    name = "osm_benchmarks_captures"  # benchmarks/captures.py, the captures' one loader
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks/captures.py")
-    mod = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(mod)
-    return mod.load_cases(ROOT / "samples" / "kernels")
-
-
-CASES = _captures()
+CASES = captured_cases()
 
 
 def _as(x, dtype):

@@ -4,13 +4,12 @@ kernel arithmetic (kernel_backward.py) against every captured backward of sample
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import captured_cases
 from osm_cli.errors import InputError
 from osm_cli.flash.backward import attention_backward
 from osm_cli.flash.options import Hooks, ScoreOptions, split_options
@@ -25,16 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 F32 = np.float32
 
 
-def _cases():
-    name = "osm_benchmarks_captures"  # benchmarks/captures.py, the captures' one loader
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks/captures.py")
-    mod = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(mod)
-    return [c for c in mod.load_cases(ROOT / "samples" / "kernels")
-            if c.kernel in ("flash", "fa4") and c.has_grads]
-
-
-CASES = _cases()
+CASES = [c for c in captured_cases() if c.kernel in ("flash", "fa4") and c.has_grads]
 
 
 # --- CUDA's expf, logf, 1/x (no fast math) ------------------------------------------------------
