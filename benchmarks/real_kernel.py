@@ -20,7 +20,9 @@ very same inputs, and prints, per case:
                                     for bit; ulps: max |O_model − O_kernel| in ulps of the dtype
                                     at the row's largest |O|; LSE diff: max |LSE_model − LSE_k|
             verdict                 FlashAttention's test rule (osm check) on the kernel's O
-  backward  the same per gradient (dQ, dK, dV), then osm check's verdict on the kernel's
+  backward  the same per gradient (dQ, dK, dV) for the preset's backward with mma="tensor-core"
+            (the kernel's own arithmetic: precision/kernel_backward.py), then osm check's verdict
+            on the kernel's
             gradients and on four planted bugs (one head's dQ × 5; dK's largest row × 1.1;
             one (Q tile, K/V tile) pair's contribution to dV dropped; dQ without the scale),
             by the backward rule (--grad-rule, default fa3)
@@ -188,7 +190,8 @@ def backward(case, dt, opts: ScoreOptions, rule: str, bugs: bool) -> dict:
     q, k, v, do = (a[n].astype(np.float32) for n in ("q", "k", "v", "do"))
     refs = dict(zip(GRADS, reference_backward(q, k, v, do, opts), strict=True))
     fb = flash_backward(model(case.dtype), q, k, v, do, a["out"].astype(np.float32),
-                        a["lse"], opts=opts, trace_at=None, kernel=PRESET_OF[case.kernel])
+                        a["lse"], opts=opts, trace_at=None, kernel=PRESET_OF[case.kernel],
+                        mma="tensor-core")  # the kernel's own backward arithmetic
     rows = {g: compare(getattr(fb, g), a[g], refs[g], dt) for g in GRADS}
     given = {g: a[g].astype(np.float32) for g in GRADS}
     verdict = check_grads(q, k, v, do, dt, given, opts, with_model=False, rule=rule, refs=refs)
@@ -289,8 +292,8 @@ def main() -> None:
         if bwd_error is not None:
             print(f"  backward not modelled here: {bwd_error}")
         if bwd is not None:
-            print(f"  {'backward (' + PRESET_OF[case.kernel] + ' model)':31} {'kernel err':>10} "
-                  f"{'model err':>10} "
+            head = f"backward ({PRESET_OF[case.kernel]}, tensor-core)"
+            print(f"  {head:31} {'kernel err':>10} {'model err':>10} "
                   f"{'ratio':>6} {'identical':>9} {'max ulps':>8}")
             for g in GRADS:
                 r = bwd[g]
