@@ -21,6 +21,7 @@ import numpy as np
 
 from .fastfold import EagerFold, eligible
 from .inputs import as_numbers
+from .notebook import Notebook, trace_tables
 from .record import Step, StepColumns
 from .state import (
     FORMS,
@@ -36,8 +37,9 @@ from .state import (
 
 
 @dataclass(frozen=True)
-class Trace:
-    """The result of `online_softmax`: steps of the traced row and final values of every row."""
+class Trace(Notebook):
+    """The result of `online_softmax`: steps of the traced row and final values of every row.
+    In Jupyter it shows as its step table and final state (notebook.py)."""
 
     form: str
     block: int
@@ -53,6 +55,9 @@ class Trace:
     @property
     def step_count(self) -> int:
         return len(self.steps) if self.n_steps is None else self.n_steps
+
+    def _tables(self):
+        return trace_tables(self)
 
 
 def block_bounds(n: int, block: int, order: np.ndarray | None = None) -> Iterator[tuple]:

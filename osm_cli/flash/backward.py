@@ -29,6 +29,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from osm_cli.core.backward import backward_step, delta, lse_for_p
+from osm_cli.core.notebook import Notebook
 from osm_cli.core.record import GradStep
 from osm_cli.errors import InputError, ShapeError
 
@@ -50,8 +51,9 @@ from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht, lse_fr
 
 
 @dataclass(frozen=True)
-class Backward:
-    """What `attention_backward` returns: the gradients, D, and what the summary shows."""
+class Backward(Notebook):
+    """What `attention_backward` returns: the gradients, D, and what the summary shows (in
+    Jupyter, as the summary and the two traces' tables: notebook.py)."""
 
     dq: np.ndarray  # shaped like q
     dk: np.ndarray  # shaped like k (GQA: summed over the query heads that read each kv head)
@@ -87,6 +89,11 @@ class Backward:
     sinks: bool = False
     tiles_partial: int = 0  # of tiles_computed: those a mask was applied on
     mods: str = ""  # the score_mod (and how it is differentiated) and mask_mod (mods.about_mods)
+
+    def _tables(self):
+        from .notebook import backward_tables
+
+        return backward_tables(self)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from osm_cli.core.fold import fold
+from osm_cli.core.notebook import Notebook
 from osm_cli.core.record import Step
 from osm_cli.core.state import (
     State,
@@ -65,8 +66,9 @@ from .shapes import from_bhnd, lse_from_bhnd
 
 
 @dataclass(frozen=True)
-class Attention:
-    """What `attention` returns: out and lse, and what the summary shows."""
+class Attention(Notebook):
+    """What `attention` returns: out and lse, and what the summary shows (in Jupyter, as the
+    summary and the traced row's tile table: notebook.py)."""
 
     out: np.ndarray
     lse: np.ndarray
@@ -99,6 +101,11 @@ class Attention:
     splits: int = 1  # key ranges run apart and merged (FA2's split-KV kernel)
     tiles_partial: int = 0  # of tiles_computed: those a mask was applied on (mask_mod's count)
     mods: str = ""  # the score_mod and mask_mod in a few words (mods.about); "" for none
+
+    def _tables(self):
+        from .notebook import attention_tables
+
+        return attention_tables(self)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from osm_cli.core.names import LSE_BASES
+from osm_cli.core.notebook import Notebook
 from osm_cli.errors import OsmError
 from osm_cli.flash.forward import ScoreOptions
 from osm_cli.flash.options import split_options
@@ -49,7 +50,10 @@ class HeadError:
 
 
 @dataclass(frozen=True)
-class CheckReport:
+class CheckReport(Notebook):
+    """What `check` returns: the verdicts and where the errors are (in Jupyter, as check's
+    tables: notebook.py)."""
+
     shape: tuple
     notes: tuple[Rounding, ...]
     verdict: Verdict
@@ -89,6 +93,11 @@ class CheckReport:
     def worst_grad(self):
         """The gradient nearest its bound (or furthest past it); None without gradients."""
         return max(self.grads, key=lambda g: g.severity, default=None)
+
+    def _tables(self):
+        from .notebook import check_tables
+
+        return check_tables(self)
 
 
 def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarray:

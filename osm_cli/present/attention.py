@@ -13,6 +13,8 @@ from rich import box
 from rich.console import Console, Group
 from rich.text import Text
 
+from osm_cli.flash.notebook import convention_rows, tiles_text
+
 from .format import Table, agreement, arrow, fill, fit, kv_table, num, values
 from .stepmode import frame
 from .verdicts import precision_summary
@@ -60,9 +62,7 @@ def attention_summary(res, ref_err: dict | None, kernel: str | None = None) -> T
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
         rows += [
-            ("tiles", f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} "
-                      f"computed{partial_text(res)}, {res.tiles_skipped} skipped of "
-                      f"{res.tiles_total}"),
+            ("tiles", tiles_text(res)),
             ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
         ]
     rows += [
@@ -77,45 +77,6 @@ def attention_summary(res, ref_err: dict | None, kernel: str | None = None) -> T
             ("max |LSE − ref|", num(ref_err["max_lse_err"], 3)),
         ]
     return kv_table(rows)
-
-
-def convention_rows(res) -> list:
-    """The summary's first lines, the forward's and the backward's alike (an Attention or
-    Backward record): shapes, scale, causal, window, mask and the kernels' inputs."""
-    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
-    return [
-        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
-        ("scale", f"{res.scale:.8g}"),
-        ("causal", f"yes ({res.align})" if res.causal else "no"),
-        ("window", window),
-        ("mask", res.mask),
-        *kernel_inputs_rows(res),
-    ]
-
-
-def kernel_inputs_rows(res) -> list:
-    """The summary's lines for the kernels' inputs a run took (softcap, ALiBi, sinks, a varlen
-    or paged batch); none for a plain run. res: an Attention or Backward record."""
-    rows = []
-    if getattr(res, "batch", ""):
-        rows.append(("batch", res.batch))
-    if getattr(res, "softcap", None) is not None:
-        rows.append(("softcap", f"{res.softcap:g}: s → {res.softcap:g}·tanh(s/{res.softcap:g})"))
-    if getattr(res, "alibi", False):
-        rows.append(("ALiBi", "−slope·|i + s − t − j| added to the scores"))
-    if getattr(res, "sinks", False):
-        rows.append(("sinks", "per-head logits in the denominator (trace: last row)"))
-    if getattr(res, "mods", ""):
-        rows.append(("mods", res.mods))
-    return rows
-
-
-def partial_text(res) -> str:
-    """" (N partial, masked)" after the computed tiles under a mask_mod: the block mask's
-    partial tiles, the only ones the mask is applied on; "" otherwise."""
-    if "mask_mod" not in getattr(res, "mods", ""):
-        return ""
-    return f" ({res.tiles_partial} partial, masked; {res.tiles_computed - res.tiles_partial} full)"
 
 
 def attention_heads(rep) -> list:

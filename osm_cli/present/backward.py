@@ -12,7 +12,9 @@ from rich import box
 from rich.console import Group
 from rich.text import Text
 
-from .attention import convention_rows, kernel_text, partial_text
+from osm_cli.flash.notebook import convention_rows, tiles_text
+
+from .attention import kernel_text
 from .format import Table, agreement, fill, fit, kv_table, num, pass_fail
 from .verdicts import rounding_text, rule_text
 
@@ -39,8 +41,7 @@ def backward_summary(rep) -> Table:
     rows += [
         ("forward", forward),
         ("D = rowsum(dO∘O)", _range(d)),
-        ("tiles", f"block_q {r.block_q}, block_k {r.block_k}: {r.tiles_computed} computed"
-                  f"{partial_text(r)}, {r.tiles_skipped} skipped of {r.tiles_total}"),
+        ("tiles", tiles_text(r)),
         ("fully masked rows", f"{r.masked_rows} (LSE ±inf: P = 0, no gradient)"),
     ]
     if rep.errors is None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from rich import box
 from rich.text import Text
 
+from osm_cli.precision.notebook import LABELS
+
 from .format import Table, num, pass_fail
 
-LABELS = {"out": "out", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV", "dsink": "dsink"}
+
 def advice(f, flag=None) -> str:
     """A finding's message with its option as a flag (flag: the CLI's parameter -> flag
     function, cli/flags.py) or, without one, as a keyword (the Python API)."""

@@ -1,0 +1,134 @@
+"""What `attention` and `attention_backward` return (Attention, Backward), as tables in Jupyter:
+the summary lines osm attention and osm backward print (shapes, conventions, tiles) and the
+traced rows' tile tables, as core/notebook.py's plain Tables. The summary's plain lines are
+written here once: the terminal's summaries (present/attention.py, present/backward.py) take
+them from here too.
+
+Leaves out: the errors against a reference and a kernel model's verdict (reports/, present/),
+styling.
+
+Example: attention(q, k, v, causal=True)._repr_html_() starts '<div class="osm-record">'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from osm_cli.core.notebook import Table, arrow, elided, num
+
+
+def convention_rows(res) -> list:
+    """The summary's first lines, the forward's and the backward's alike (an Attention or
+    Backward record): shapes, scale, causal, window, mask and the kernels' inputs."""
+    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
+    return [
+        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
+        ("scale", f"{res.scale:.8g}"),
+        ("causal", f"yes ({res.align})" if res.causal else "no"),
+        ("window", window),
+        ("mask", res.mask),
+        *kernel_inputs_rows(res),
+    ]
+
+
+def kernel_inputs_rows(res) -> list:
+    """The summary's lines for the kernels' inputs a run took (softcap, ALiBi, sinks, a varlen
+    or paged batch); none for a plain run. res: an Attention or Backward record."""
+    rows = []
+    if getattr(res, "batch", ""):
+        rows.append(("batch", res.batch))
+    if getattr(res, "softcap", None) is not None:
+        rows.append(("softcap", f"{res.softcap:g}: s → {res.softcap:g}·tanh(s/{res.softcap:g})"))
+    if getattr(res, "alibi", False):
+        rows.append(("ALiBi", "−slope·|i + s − t − j| added to the scores"))
+    if getattr(res, "sinks", False):
+        rows.append(("sinks", "per-head logits in the denominator (trace: last row)"))
+    if getattr(res, "mods", ""):
+        rows.append(("mods", res.mods))
+    return rows
+
+
+def partial_text(res) -> str:
+    """" (N partial, masked)" after the computed tiles under a mask_mod: the block mask's
+    partial tiles, the only ones the mask is applied on; "" otherwise."""
+    if "mask_mod" not in getattr(res, "mods", ""):
+        return ""
+    return f" ({res.tiles_partial} partial, masked; {res.tiles_computed - res.tiles_partial} full)"
+
+
+def tiles_text(res) -> str:
+    """"block_q 4, block_k 2: 6 computed, 2 skipped of 8"."""
+    return (f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} computed"
+            f"{partial_text(res)}, {res.tiles_skipped} skipped of {res.tiles_total}")
+
+
+def attention_tables(res) -> list[Table]:
+    """An Attention: its summary, then the traced row's K/V tiles (m, α, l, O)."""
+    rows = convention_rows(res)
+    if res.one_shot:
+        rows.append(("tiles", "none: plain attention computes all scores at once"))
+    else:
+        rows += [("tiles", tiles_text(res)),
+                 ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max")]
+    rows.append(("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"))
+    tables = [Table("attention", (), tuple(rows))]
+    if res.trace:
+        b, h, i = res.traced
+        shown, note = elided(res.trace, "tiles")
+        d = res.shape_v[-1]
+        o_head = f"O[:{min(3, d)}] of {d}"
+        cells = []
+        for s in shown:
+            if s is None:
+                cells.append(("⋮",) * 8)
+                continue
+            o = "" if s.o is None else "[" + ", ".join(num(x, 4) for x in np.ravel(s.o)[:3]) + "]"
+            cells.append(("sink" if s.sink else str(s.block),
+                          "" if s.sink else f"{s.start}:{s.stop}",
+                          "skipped" if s.masked else num(s.block_max, 7), arrow(s.m_prev, s.m, 7),
+                          "" if s.masked else num(s.alpha, 7), arrow(s.l_prev, s.l, 7),
+                          "" if s.masked else o, "" if s.masked else num(s.o_norm, 7)))
+        tables.append(Table(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, "
+                            "O = 0", ("tile", "keys", "tile max", "m", "α", "l", o_head, "‖O‖"),
+                            tuple(cells), note))
+    return tables
+
+
+def backward_tables(res) -> list[Table]:
+    """A Backward: its summary, then the traced key's dK_j, dV_j over the Q tiles and the
+    traced query's dQ_i over the K/V tiles."""
+    d = np.asarray(res.delta, dtype=np.float64)
+    finite = d[np.isfinite(d)]
+    rows = [*convention_rows(res),
+            ("forward", "osm's own" if res.own_forward else "given O and LSE"),
+            ("D = rowsum(dO∘O)", f"{num(finite.min(), 6)} to {num(finite.max(), 6)}"
+             if finite.size else "none"),
+            ("tiles", tiles_text(res)),
+            ("fully masked rows", f"{res.masked_rows} (LSE ±inf: P = 0, no gradient)")]
+    b, h, i = res.traced
+
+    def trace(steps, key: bool):
+        shown, note = elided(steps, "tiles")
+        cells = []
+        for s in shown:
+            if s is None:
+                cells.append(("⋮",) * (6 if key else 5))
+                continue
+            left = (str(s.block), f"{s.start}:{s.stop}", *(("skipped", "") if s.masked else (
+                num(s.p_max, 8), num(s.ds_sum, 8))))
+            cells.append((*left, num(s.dk_norm, 8), num(s.dv_norm, 8)) if key else
+                         (*left, num(s.dq_norm, 8)))
+        return tuple(cells), note
+
+    key_rows, key_note = trace(res.key_trace, True)
+    query_rows, query_note = trace(res.query_trace, False)
+    return [Table("attention backward", (), tuple(rows)),
+            Table(f"key {res.traced_key} of batch {b}, kv head {res.kv_head}: dK_j, dV_j over "
+                  "the Q tiles, start 0", ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖",
+                                           "‖dV_j‖"), key_rows, key_note),
+            Table(f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0",
+                  ("K/V tile", "keys", "P max", "Σ dS", "‖dQ_i‖"), query_rows, query_note)]
+
+
+__all__ = ["attention_tables", "backward_tables", "convention_rows", "kernel_inputs_rows",
+           "partial_text", "tiles_text"]
