@@ -23,6 +23,7 @@ from importlib import resources
 
 import numpy as np
 
+from osm_cli.core.notebook import arrow
 from osm_cli.reports.explain import (
     ATTENTION_NOTE,
     attention_heading,
@@ -41,12 +42,6 @@ CELLS = 1024  # a trace's scores drawn one cell each up to this many (more: one 
 MATRIX = 48  # attention's matrix drawn entry by entry up to this many rows and keys (more: tiles)
 TILES = 96  # at most this many Q tiles and K/V tiles drawn
 TEXT_UP_TO = 16  # entries carry their value as text up to this many keys
-
-
-def arrow(a, b, digits: int = 8) -> str:
-    """'a → b', or 'b' when nothing changed (as the tables write the state)."""
-    same = a == b or (math.isnan(float(a)) and math.isnan(float(b)))
-    return g(b, digits) if same else f"{g(a, digits)} → {g(b, digits)}"
 
 
 def page(doc: dict, screen: str = "") -> str:

@@ -17,18 +17,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from osm_cli.core.notebook import num
+
 TERMS = 3  # a block's exp terms written out one by one up to this many
 COMPONENTS = 4  # O's leading components written out
 
 
 def g(x, digits: int = 8) -> str:
-    """A number as the tables print it: `digits` significant digits, -inf and inf spelt out."""
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.{digits}g}"
+    """A number as the tables print it: `digits` significant digits, -inf and inf spelt out
+    (core.notebook.num, which the notebooks' tables use too)."""
+    return num(float(x), digits)
 
 
 def plus(a: str, x: float, digits: int) -> str:
