@@ -38,7 +38,7 @@ def run_kernel(
     block_k: int | None = None, rescale_threshold: float | None = None,
     dtype: str | None = None, mma: str = "blas", q_descale=None, k_descale=None,
     v_descale=None, masked_lse: str | None = None,
-    trace_at: tuple[int, int, int] | None = (0, 0, 0),
+    trace_at: tuple | None = (0, 0, 0),
     progress: Callable[[int, int], None] | None = None,
 ) -> Attention:
     """A kernel preset's forward as the kernel computes it: its tiles, its order, exp2 on an
@@ -64,8 +64,8 @@ def run_kernel(
         FP8's descale factors.
     masked_lse : {{"neg-inf", "pos-inf", "zero"}}, optional
         A fully masked row's LSE; None: the kernel's own.
-    trace_at : (int, int, int) or None
-        The traced (batch, head, query) row.
+    trace_at : (int, int, int or sequence of int) or None
+        The traced (batch, head, query) row, or several queries of the head (`.traces`).
     progress : callable, optional
         progress(done, total), called as Q tiles finish.
 

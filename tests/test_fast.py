@@ -11,6 +11,8 @@ The reference's two forms must agree the same way, chunk by chunk.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -31,7 +33,11 @@ def same(a: Attention, b: Attention) -> None:
     field (their o arrays bit for bit)."""
     for name in Attention.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
-        if name == "trace":
+        if name == "traces":  # each traced row's steps, as "trace" (the first row's) below
+            assert len(x) == len(y)
+            for ta, tb in zip(x, y, strict=True):
+                same(replace(a, trace=ta, traces=()), replace(b, trace=tb, traces=()))
+        elif name == "trace":
             assert len(x) == len(y)
             for sa, sb in zip(x, y, strict=True):
                 for field in sa.__dataclass_fields__:
@@ -98,6 +104,8 @@ def test_fused_lazy_rescale_order_and_key_range(dtype):
                {"keys": (20, 300), "order": rng.permutation(-(-280 // 32)), "causal": True}):
         kw = {"block_k": 32, **kw}
         same(*both(q, k, v, trace_at=(0, 3, 149), **kw))
+        # several rows, in different Q tiles of one stack and out of order: each its own trace
+        same(*both(q, k, v, trace_at=(0, 3, [149, 0, 63, 64, 100]), **kw))
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3"])

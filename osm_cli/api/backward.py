@@ -25,7 +25,7 @@ def attention_backward(
     attn_mask=None, score_mod=None, mask_mod=None,
     block_q: int | None = None, block_k: int | None = None,
     dtype: str | None = None, kernel: str | None = None, mma: str | None = None,
-    trace_at: tuple[int, int, int] | None = (0, 0, 0), trace_key: int = 0,
+    trace_at: tuple | None = (0, 0, 0), trace_key: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> Backward:
     """The gradients of softmax(softmax_scale·Q·Kᵀ + mask)·V for dout, FlashAttention-2's
@@ -46,8 +46,9 @@ def attention_backward(
     block_q, block_k : int, optional
         The backward's tiles; None: FA2's forward tiles (a kernel model: its backward's).
     {kernel}
-    trace_at : (int, int, int) or None
-        (batch, query head, query): the traced query row; None: no traces.
+    trace_at : (int, int, int or sequence of int) or None
+        (batch, query head, query): the traced query row; a sequence of queries traces each
+        (`.query_traces`, `.queries`); None: no traces.
     trace_key : int
         The key row traced in that query head's kv head.
     progress : callable, optional

@@ -34,7 +34,7 @@ def attention(
     form: str = "rescale", rescale_threshold: float | None = None, dtype: str | None = None,
     kernel: str | None = None, mma: str | None = None, q_descale=None, k_descale=None,
     v_descale=None, masked_lse: str | None = None,
-    trace_at: tuple[int, int, int] | None = (0, 0, 0),
+    trace_at: tuple | None = (0, 0, 0),
     progress: Callable[[int, int], None] | None = None,
 ) -> Attention:
     """softmax(softmax_scale·Q·Kᵀ + mask)·V, tile by tile, as FlashAttention computes it.
@@ -55,8 +55,10 @@ def attention(
         FP8's descale factors (FA3's names): the inputs hold x / descale.
     masked_lse : {{"neg-inf", "pos-inf", "zero"}}, optional
         The LSE of a row every key is hidden from; None: the kernel's own (−inf for tiles).
-    trace_at : (int, int, int) or None
-        (batch, head, query): the row whose tiles are recorded in `.trace`; None: none.
+    trace_at : (int, int, int or sequence of int) or None
+        (batch, head, query): the row whose tiles are recorded in `.trace`; a sequence of
+        queries, (0, 1, range(4)), traces those rows side by side (`.traces`, `.queries`,
+        `.trace_outs`; `.trace` is the first's); None: none.
     progress : callable, optional
         progress(done, total), called as Q tiles finish.
 

@@ -102,7 +102,7 @@ def attention(
     ] = UpdateForm.rescale,
     batch: BatchOpt = 0,
     head: HeadOpt = 0,
-    query: QueryOpt = 0,
+    query: QueryOpt = None,
     out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
     lse_path: Annotated[
         str | None, typer.Option("--lse", help="Write LSE (natural log) to this .npy.")
@@ -216,7 +216,7 @@ def attention(
 
         tables.append(attention_explained(res, show_all))
     if present(step, heads, [(frame, len(res.trace), "tile")], tables, after=heads):
-        out.print(render.attention_results(rep, show_all))
+        out.print(render.attention_results(rep, show_all, out.width))
 
 
 def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options)
@@ -413,7 +413,8 @@ def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:
     b, h, i = res.traced
     items = []
     if csv is not None:
-        items.append((csv, export.tiles_csv(res), "tile table of the traced row, CSV"))
+        items.append((csv, export.tiles_csv(res), "tile table of the traced row"
+                      + ("s" if len(res.queries) > 1 else "") + ", CSV"))
     if plot is not None:
         hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
                                         block_q=res.block_q, block_k=res.block_k, opts=opts)

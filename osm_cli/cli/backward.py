@@ -90,7 +90,7 @@ def backward(
     key: Annotated[int, typer.Option(
         "--key", min=0, help="Key row whose dK and dV to trace (in the traced head's kv head).")
     ] = 0,
-    query: QueryOpt = 0,
+    query: QueryOpt = None,
     no_reference: NoReferenceOpt = False,
     show_all: ShowAllOpt = False,
     csv: csv_option("both traces") = None,
@@ -167,7 +167,7 @@ def backward(
         out.print(line)
     for part in (*render.backward_heads(rep), render.key_trace(rep, out.width, show_all),
                  render.query_trace(rep, out.width, show_all),
-                 render.backward_results(rep, show_all)):
+                 render.backward_results(rep, show_all, out.width)):
         out.print(part)
 
 

@@ -94,8 +94,11 @@ class KernelInputs:
         return any(x is not None for x in (self.cu_seqlens_q, self.cu_seqlens_k,
                                            self.seqused_k, self.page_table))
 
-    def traced(self, batch: int, head: int, query: int) -> tuple[int, int, int]:
-        """The traced row: --seq (for a packed batch) in place of --batch."""
+    def traced(self, batch: int, head: int, query) -> tuple:
+        """The traced row (query an int) or rows (a tuple: --query 0:4): --seq (for a packed
+        batch) in place of --batch."""
+        if not isinstance(query, int):  # --query's list (options.query_rows): one is an int
+            query = int(query[0]) if len(query) == 1 else tuple(int(i) for i in query)
         return (batch if self.seq is None else self.seq, head, query)
 
     def resolve(self, q, layout: str) -> dict:

@@ -210,7 +210,46 @@ ValuesOpt = Annotated[
 # The traced row of attention and backward.
 BatchOpt = Annotated[int, typer.Option("--batch", min=0, help="Batch of the traced row.")]
 HeadOpt = Annotated[int, typer.Option("--head", min=0, help="Query head of the traced row.")]
-QueryOpt = Annotated[int, typer.Option("--query", min=0, help="Query index to trace.")]
+MAX_QUERIES = 128  # --query's rows at most: one Q tile of FA2's 128
+
+
+def query_rows(values: list[str] | None):
+    """--query's rows, as a list: one query index, or several: a range 0:4 (rows 0 to 3, as the
+    tables write keys), a list 0,2,5, or --query given more than once (common.traced reads
+    it)."""
+    if not values:
+        return [0]
+    rows: list[int] = []
+    for text in values:
+        for part in text.replace(" ", "").split(","):
+            try:
+                if ":" in part:
+                    a, b = (int(x) for x in part.split(":"))
+                    if not 0 <= a < b:
+                        raise typer.BadParameter(f"{part!r}: a range I:J needs 0 <= I < J (rows "
+                                                 "I to J − 1)")
+                    rows += range(a, b)
+                else:
+                    rows.append(int(part))
+            except ValueError:
+                raise typer.BadParameter(f"{text!r}: give a query index (5), a range (0:4) or "
+                                         "a list (0,2,5)") from None
+    bad = [r for r in rows if r < 0]
+    if bad:
+        raise typer.BadParameter(f"query {bad[0]} is negative: queries count from 0")
+    twice = sorted({r for r in rows if rows.count(r) > 1})
+    if twice:
+        raise typer.BadParameter(f"query {twice[0]} is named twice: give each row once")
+    if len(rows) > MAX_QUERIES:
+        raise typer.BadParameter(f"{len(rows)} rows: trace at most {MAX_QUERIES} at once (one "
+                                 "Q tile of 128 rows)")
+    return rows
+
+
+QueryOpt = Annotated[list[str] | None, typer.Option(
+    "--query", metavar="I | I:J | I,J,…", callback=query_rows, show_default=False,
+    help="Query row to trace (default 0); several side by side, the m and l vectors of a Q "
+    "tile: a range 0:4 (rows 0 to 3) or a list 0,2,5.")]
 NoReferenceOpt = Annotated[
     bool, typer.Option("--no-reference", help="Skip the float64 reference check.")
 ]

@@ -58,6 +58,7 @@ class Step:
     p_max: float | None = None  # FP8: the row's largest P of the tile before rounding (offset in)
     saturated: int | None = None  # FP8: how many of those P exceed the dtype's largest finite
     kind: str | None = None  # under a mask_mod: the tile's block-mask kind, "full" or "partial"
+    query: int | None = None  # attention: the traced query row this step is of
 
     @property
     def rescaled(self) -> bool:
@@ -164,6 +165,7 @@ class GradStep:
     dk_norm: float | None = None
     dv_norm: float | None = None
     dq_norm: float | None = None
+    query: int | None = None  # a query trace: the traced query row this step is of
 
 
 __all__ = ["GradStep", "Step", "StepColumns"]

@@ -1,5 +1,5 @@
 """Tiled attention backward in FlashAttention-2's loop order (FA2 §3.1, Algorithm 2), with the
-traces of one key row and one query row.
+traces of one key row and some query rows.
 
 plan → tile loop → assemble, as the forward. The forward's plan (plan.py: inputs grouped by
 kv head, the tiles, the masks) is reused; D = rowsum(dO ∘ O) is computed once per query row;
@@ -47,7 +47,15 @@ from .packed import (
     scatter_rows,
 )
 from .plan import Plan, _norm, make_plan, walk
-from .shapes import check_finite, from_bhnd, kv_head, like_bhnd, lse_bht, lse_from_bhnd
+from .shapes import (
+    check_finite,
+    from_bhnd,
+    kv_head,
+    like_bhnd,
+    lse_bht,
+    lse_from_bhnd,
+    traced_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ class Backward(Notebook):
     tiles_total: int
     masked_rows: int  # query rows whose LSE is ±inf: every key hidden, P = 0
     key_trace: tuple[GradStep, ...] = ()  # key row traced_key of the traced kv head
-    query_trace: tuple[GradStep, ...] = ()  # query row traced
+    query_trace: tuple[GradStep, ...] = ()  # the first traced query row's (query_traces[0])
     traced: tuple = (0, 0, 0)  # (batch, query head, query)
     traced_key: int = 0
     kv_head: int = 0  # the kv head the traced query head reads (its key row is traced)
@@ -89,6 +97,8 @@ class Backward(Notebook):
     sinks: bool = False
     tiles_partial: int = 0  # of tiles_computed: those a mask was applied on
     mods: str = ""  # the score_mod (and how it is differentiated) and mask_mod (mods.about_mods)
+    queries: tuple[int, ...] = ()  # every traced query row of the traced head, as asked
+    query_traces: tuple[tuple[GradStep, ...], ...] = ()  # each traced query row's, as queries
 
     def _tables(self):
         from .notebook import backward_tables
@@ -110,7 +120,7 @@ class Saved:
 def attention_backward(
     q, k, v, do, *, out=None, lse=None, opts: ScoreOptions | None = None,
     tiling: Tiling | None = None, hooks: Hooks | None = None,
-    trace_at: tuple[int, int, int] | None = (0, 0, 0), trace_key: int = 0,
+    trace_at: tuple | None = (0, 0, 0), trace_key: int = 0,
     progress: Callable[[int, int], None] | None = None, **options,
 ) -> Backward:
     """dQ, dK, dV of softmax(scale·Q·Kᵀ + mask)·V for the upstream gradient dO, tile by tile.
@@ -118,9 +128,10 @@ def attention_backward(
     q, k, v, do as attention's inputs and output (do shaped like O); opts, tiling, hooks (or
     their fields as keywords) as attention's. out and lse are the forward's saved O and LSE
     (a kernel's, in any masked-row convention: −inf, +inf or 0); without them osm runs its own
-    forward first. trace_at = (batch, query head, query) picks the traced query row, trace_key
-    the key row traced in that query head's kv head (None: no traces); progress(done, total) is
-    called as K/V tiles finish.
+    forward first. trace_at = (batch, query head, query) picks the traced query row (the query
+    may be a sequence of them, traced side by side), trace_key the key row traced in that
+    query head's kv head (None: no traces); progress(done, total) is called as K/V tiles
+    finish.
 
     Example: attention_backward(q, k, v, do, causal=True).dq
     """
@@ -220,7 +231,7 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
     """The tile loop for kv groups g0:g1: every K/V tile, and inside it every Q tile."""
     b, hk, g = plan.groups
     acc = plan.accum
-    tb, th, ti = plan.traced
+    th = plan.traced[1]
     at = plan.traced_group - g0  # the traced kv group, within g0:g1
     traced_here = plan.traced_group >= 0 and 0 <= at < g1 - g0
     step_kw = {"heads": g, "p_round": hooks.p_round, "ds_round": hooks.ds_round}
@@ -237,15 +248,15 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
         for i0, kind in (q_tiles[::-1] if kern is not None and kern.reverse_q else q_tiles):
             i1 = plan.q_end(i0)
             n = i1 - i0
-            here = traced_here and plan.locate(i0, i1) is not None  # the traced query row
+            here = plan.rows_in(i0, i1) if traced_here else []  # the traced query rows
             if kind == "skip":
                 if keyed:
                     grads.key_trace.append(GradStep(i0 // plan.bq, i0, i1, True, 0.0, 0.0,
                                                     *_dkv_norms(plan, dk_j, dv_j, at, key - j0)))
-                if here:
+                for qi, _ in here:
                     grads.query_trace.append(GradStep(
                         *tile.bounds, True, 0.0, 0.0,
-                        dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
+                        dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, qi]), query=qi))
                 continue
             rows = (g1 - g0, g * n)
             vis = plan.visible(i0, i1, j0, j1) if kind == "partial" else None
@@ -270,12 +281,11 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                 grads.key_trace.append(GradStep(
                     i0 // plan.bq, i0, i1, False, float(up.p[at, :, c].max()),
                     float(up.ds[at, :, c].sum()), *_dkv_norms(plan, dk_j, dv_j, at, c)))
-            if here:
-                r = plan.locate(i0, i1)[1]
+            for qi, (_, r) in here:
                 grads.query_trace.append(GradStep(
                     *tile.bounds, False, float(up.p[at, r].max()),
                     float(up.ds[at, r].sum()),
-                    dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, ti])))
+                    dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, qi]), query=qi))
         tick()
 
 
@@ -334,11 +344,20 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
         opts.causal_align, opts.window, mask_about(None if opts.mask is None else
                                                    np.asarray(opts.mask)),
         len(kinds) - skipped, skipped, len(kinds), int(np.count_nonzero(~np.isfinite(lse4))),
-        tuple(grads.key_trace), tuple(grads.query_trace), plan.traced, key,
-        int(kv_head(max(th, 0), hq, hk)), g, dsink, softcap=opts.softcap,
+        tuple(grads.key_trace), traced=plan.traced, traced_key=key,
+        kv_head=int(kv_head(max(th, 0), hq, hk)), group=g, dsink=dsink, softcap=opts.softcap,
         alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
         tiles_partial=kinds.count("partial"), mods=about_mods(opts),
+        **query_fields(plan.queries, grads.query_trace),
     )
+
+
+def query_fields(queries: tuple, steps) -> dict:
+    """A Backward record's fields of its traced query rows: each row's steps (query_traces,
+    in the order of `queries`, picked out by GradStep.query) and the first row's."""
+    traces = tuple(tuple(s for s in steps if s.query == qi) for qi in queries)
+    return {"query_trace": traces[0] if traces else (), "query_traces": traces,
+            "queries": tuple(queries)}
 
 
 def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Hooks,
@@ -350,6 +369,7 @@ def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Ho
         raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
                          "takes both); use the sequences' lengths, causal or a window")
     packed = plan_packing(q, k, v, opts.packing)
+    trace_at = traced_rows(trace_at)
     own = out is None
     if own:
         fwd = attention(q, k, v, opts=opts, tiling=tiling, hooks=hooks, trace_at=None)
@@ -378,9 +398,12 @@ def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Ho
         ref.block_k if ref else 0, opts.causal, "bottom-right", opts.window, "none",
         totals["tiles_computed"], totals["tiles_skipped"], totals["tiles_total"],
         totals["masked_rows"], () if traced is None else traced.key_trace,
-        () if traced is None else traced.query_trace, trace_at or (0, 0, 0), trace_key,
-        ref.kv_head if ref else 0, ref.group if ref else 1, dsink, batch=about(packed),
-        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None)
+        traced=(0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
+        traced_key=trace_key, kv_head=ref.kv_head if ref else 0, group=ref.group if ref else 1,
+        dsink=dsink, batch=about(packed),
+        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
+        **query_fields(() if traced is None else traced.queries,
+                       () if traced is None else [s for tr in traced.query_traces for s in tr]))
 
 
 __all__ = ["Backward", "attention_backward"]

@@ -80,14 +80,14 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
                   threshold: float = 0.0, p_round: Callable | None = None
                   ) -> tuple[list[Step], Counts]:
     """forward._q_tile with the rescale form, fused, for the Q tiles of `group` (of one
-    length, from plan.q_groups) stacked: their rows of out5 and lse5 written, the traced row's
+    length, from plan.q_groups) stacked: their rows of out5 and lse5 written, the traced rows'
     steps and the counts returned (the same as _q_tile's for each tile, added up). A K/V tile
     hidden from the traced row's own Q tile shows as skipped in its trace."""
     b, hk, g = plan.groups
     rows = [q_rows(plan, i0) for i0 in group]
     qt = np.stack([r[0] for r in rows])  # (tiles, B·Hkv, g·n, d); K and V broadcast over tiles
     n = rows[0][1]
-    at = next(((c, *r[2]) for c, r in enumerate(rows) if r[2] is not None), None)
+    ats = [(qi, (c, *at)) for c, r in enumerate(rows) for qi, at in r[2]]
     st = _Tile(qt.shape[:-1], plan.v3.shape[-1], plan.accum)
     steps: list[Step] = []
     counts = Counts()
@@ -96,26 +96,28 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
         c = slice(*(tile.seen or (0, 0)))  # the stacked Q tiles that see this K/V tile
         width = c.stop - c.start
         counts.skipped += len(group) - width
-        traced = at is not None and c.start <= at[0] < c.stop
-        if at is not None and not traced:
-            m, l = st.m[at], st.l[at]
-            steps.append(row_step(bounds, -np.inf, m, m, 1.0, l, l, st.o[at], True))
+        seen = [(qi, at) for qi, at in ats if c.start <= at[0] < c.stop]
+        for qi, at in ats:
+            if not c.start <= at[0] < c.stop:
+                m, l = st.m[at], st.l[at]
+                steps.append(row_step(bounds, -np.inf, m, m, 1.0, l, l, st.o[at], True,
+                                      query=qi))
         if s is None:
             continue
-        l_prev = st.l[at] if traced else None
+        l_prev = [st.l[at] for _, at in seen]
         st.step(c, s, v, threshold, p_round)
         counts.computed += width
         counts.partial += tile.kinds[c].count("partial")
         counts.row_visits += n * width
         counts.rescales += int(np.count_nonzero(moved(st.m[c], st.m_new[c])))
-        if traced:
+        for (qi, at), lp in zip(seen, l_prev, strict=True):
             steps.append(replace(row_step(bounds, st.block_max[at], st.m[at], st.m_new[at],
-                                          st.alpha[at], l_prev, st.l[at], st.o[at]),
+                                          st.alpha[at], lp, st.l[at], st.o[at], query=qi),
                                  **marked(plan, tile.kinds[at[0]])))
         np.copyto(st.m[c], st.m_new[c])
     final = State(st.m, st.l, st.o)
     if plan.sinks is not None:
-        final, step = sink_step(plan, final, n, at)
+        final, step = sink_step(plan, final, n, ats)
         steps += step
     lse, o = finalize(final)
     for c, i0 in enumerate(group):

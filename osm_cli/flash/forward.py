@@ -1,4 +1,4 @@
-"""Tiled attention forward in FlashAttention-2's loop order, with a trace of one query row.
+"""Tiled attention forward in FlashAttention-2's loop order, with a trace of some query rows.
 
 plan → tile loop → assemble. plan.py checks the inputs once, fixes the tiles and walks them
 (each tile's scores from masks.score_tile); `_q_tile` is the inner loop over K/V tiles for one
@@ -62,7 +62,7 @@ from .plan import (
     sink_step,
     tiles,
 )
-from .shapes import from_bhnd, lse_from_bhnd
+from .shapes import from_bhnd, lse_from_bhnd, traced_rows
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ class Attention(Notebook):
     tiles_skipped: int
     rescales: int
     masked_rows: int
-    trace: tuple[Step, ...] = ()
-    traced: tuple = (0, 0, 0)
-    trace_out: np.ndarray | None = None
+    trace: tuple[Step, ...] = ()  # the first traced row's steps (traces[0])
+    traced: tuple = (0, 0, 0)  # (batch, head, query): the first traced row
+    trace_out: np.ndarray | None = None  # its output O / l
     tiles_total: int = 0
     mask: str = "none"  # the user's mask in a few words (masks.mask_about)
     row_visits: int = 0  # (query row, K/V tile) pairs computed, per head (FA1 Prop. 4's count)
@@ -101,6 +101,9 @@ class Attention(Notebook):
     splits: int = 1  # key ranges run apart and merged (FA2's split-KV kernel)
     tiles_partial: int = 0  # of tiles_computed: those a mask was applied on (mask_mod's count)
     mods: str = ""  # the score_mod and mask_mod in a few words (mods.about); "" for none
+    queries: tuple[int, ...] = ()  # every traced query row of the traced head, as asked
+    traces: tuple[tuple[Step, ...], ...] = ()  # each traced row's steps, as queries
+    trace_outs: np.ndarray | None = None  # their outputs O / l, (rows, dv)
 
     def _tables(self):
         from .notebook import attention_tables
@@ -110,7 +113,7 @@ class Attention(Notebook):
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,
               tiling: Tiling | None = None, hooks: Hooks | None = None,
-              masked_lse: str = "neg-inf", trace_at: tuple[int, int, int] | None = (0, 0, 0),
+              masked_lse: str = "neg-inf", trace_at: tuple | None = (0, 0, 0),
               progress: Callable[[int, int], None] | None = None, **options) -> Attention:
     """softmax(scale·Q·Kᵀ + mask)·V, tile by tile, with the online update of core.state.
 
@@ -186,7 +189,7 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
     """The inner loop over K/V tiles for the query rows i0:i0+bq (independent of the others):
     its rows of out5 and lse5 are written; the traced row's steps and the counts returned."""
     b, hk, g = plan.groups
-    qt, n, at = q_rows(plan, i0)
+    qt, n, ats = q_rows(plan, i0)
     steps: list[Step] = []
     counts = Counts()
 
@@ -198,8 +201,8 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
             counts.partial += tile.kinds[0] == "partial"
             counts.row_visits += n
             counts.rescales += int(np.count_nonzero(moved(before.m, up.state.m)))
-        if at is not None:
-            steps.append(replace(_trace_step(tile.bounds, before, up, at),
+        for qi, at in ats:
+            steps.append(replace(_trace_step(tile.bounds, before, up, at, qi),
                                  **marked(plan, tile.kinds[0])))
 
     walk = ((tile, None if s is None else s[0], v) for tile, s, v in tiles(plan, (i0,), qt[None]))
@@ -207,7 +210,7 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
     for tile, before, up, state in fold(start, walk, step, **step_kw):  # noqa: B007
         count(tile, before, up)
     if plan.sinks is not None:
-        state, sink = sink_step(plan, state, n, at)
+        state, sink = sink_step(plan, state, n, ats)
         steps += sink
     lse, o = finalize(state)
     out5[..., i0:i0 + n, :] = o.reshape(b, hk, g, n, out5.shape[-1])
@@ -215,13 +218,13 @@ def _q_tile(plan: Plan, i0: int, step, step_kw: dict, out5, lse5) -> tuple[list[
     return steps, counts
 
 
-def _trace_step(bounds: tuple, before: State, up: Update | None, at: tuple) -> Step:
-    """The traced row's Step for one K/V tile (up None: the mask hid it, nothing changed)."""
+def _trace_step(bounds: tuple, before: State, up: Update | None, at: tuple, qi: int) -> Step:
+    """Traced row qi's Step for one K/V tile (up None: the mask hid it, nothing changed)."""
     if up is None:
         m, l = before.m[at], before.l[at]
-        return row_step(bounds, -np.inf, m, m, 1.0, l, l, before.o[at], masked=True)
+        return row_step(bounds, -np.inf, m, m, 1.0, l, l, before.o[at], masked=True, query=qi)
     return row_step(bounds, up.block_max[at], before.m[at], up.state.m[at], up.alpha[at],
-                    before.l[at], up.state.l[at], up.state.o[at])
+                    before.l[at], up.state.l[at], up.state.o[at], query=qi)
 
 
 def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, lse5,
@@ -235,16 +238,25 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
     nd = np.asarray(q).ndim
     out = from_bhnd(out5.reshape(b, hq, t, out5.shape[-1]), nd, opts.layout)
     lse = lse_from_bhnd(lse5.reshape(b, hq, t), nd)  # FlashAttention's (B, H, t), any layout
-    tb, th, ti = plan.traced
-    trace_out = None if tb < 0 else out5[tb, th // g, th % g, ti].copy()
+    tb, th, _ = plan.traced
+    outs = None if tb < 0 else out5[tb, th // g, th % g, list(plan.queries)].copy()
     return Attention(
         out=out, lse=lse, **run_fields(q, k, v, opts, masked_lse, scale=float(plan.scale)),
         block_q=plan.bq, block_k=plan.bk, tiles_computed=counts.computed,
         tiles_skipped=counts.skipped, tiles_total=tiles_total, rescales=counts.rescales,
         masked_rows=int(np.count_nonzero(empty)), row_visits=counts.row_visits,
-        trace=tuple(trace), traced=plan.traced, trace_out=trace_out,
-        tiles_partial=counts.partial,
+        traced=plan.traced, tiles_partial=counts.partial,
+        **traced_fields(plan.queries, trace, outs),
     )
+
+
+def traced_fields(queries: tuple, steps, outs) -> dict:
+    """An Attention record's fields of its traced rows: each row's steps (`traces`, in the
+    order of `queries`, picked out of `steps` by Step.query), the first row's as `trace`, and
+    their outputs (outs: (rows, dv), or None)."""
+    traces = tuple(tuple(s for s in steps if s.query == qi) for qi in queries)
+    return {"trace": traces[0] if traces else (), "traces": traces, "queries": tuple(queries),
+            "trace_out": None if outs is None else outs[0], "trace_outs": outs}
 
 
 def run_fields(q, k, v, opts: ScoreOptions, masked_lse: str, scale: float | None = None) -> dict:
@@ -272,6 +284,7 @@ def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_ls
         raise InputError("a user mask has no meaning for a packed or paged batch (no kernel "
                          "takes both); use the sequences' lengths, causal or a window")
     packed = plan_packing(q, k, v, opts.packing)
+    trace_at = traced_rows(trace_at)
 
     def run(seq, qb, kb, vb, tr):
         if dense is not None:
@@ -287,17 +300,18 @@ def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_ls
     out = scatter_rows(packed, [p.out for p in parts], dtype, dv)
     lse = scatter_lse(packed, [p.lse for p in parts], dtype)
     traced = None if trace_at is None else parts[trace_at[0]]
-    trace = () if traced is None else tuple(
+    paged = () if traced is None else tuple(
         replace(st, pages=tile_pages(packed.seqs[trace_at[0]], st.start, st.stop))
-        for st in traced.trace)
+        for tr in traced.traces for st in tr)
     total = {name: sum(getattr(p, name) for p in parts) for name in (
         "tiles_computed", "tiles_skipped", "rescales", "masked_rows", "tiles_total",
         "row_visits", "tiles_partial")}
     return Attention(
         out=out, lse=lse, **{**run_fields(q, k, v, opts, masked_lse), "align": "bottom-right"},
         block_q=first.block_q if first else 0, block_k=first.block_k if first else 0,
-        **total, trace=trace, traced=trace_at or (0, 0, 0),
-        trace_out=None if traced is None else traced.trace_out, batch=about(packed),
+        **total, traced=(0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
+        **traced_fields(() if traced is None else traced.queries, paged,
+                        None if traced is None else traced.trace_outs), batch=about(packed),
     )
 
 
@@ -312,4 +326,4 @@ assemble = _assemble
 packed_attention = _packed
 
 __all__ = ["Attention", "Hooks", "ScoreOptions", "Tiling", "assemble", "attention", "masked_as",
-           "packed_attention", "run_fields", "run_q_tiles"]
+           "packed_attention", "run_fields", "run_q_tiles", "traced_fields"]

@@ -28,6 +28,7 @@ import numpy as np
 from osm_cli.errors import InputError, ShapeError
 
 from .names import KV_LAYOUTS
+from .shapes import traced_rows
 
 
 @dataclass(frozen=True)
@@ -229,15 +230,17 @@ def rows_of(packed: Packed, seq: Seq, x) -> np.ndarray:
 
 def each_sequence(packed: Packed, run, q, k, v, *like_q, trace_at=None) -> list:
     """run(seq, q_b, k_b, v_b, *like_q_b, trace_b) for every sequence: its dense arrays, the
-    arrays stored like Q cut to it, and the traced (0, head, query) in it or None. trace_at is
-    (sequence, head, query), the query counted within its sequence."""
+    arrays stored like Q cut to it, and the traced (0, head, queries) in it or None. trace_at is
+    (sequence, head, query or queries), the queries counted within its sequence."""
+    trace_at = traced_rows(trace_at)
     if trace_at is not None:
-        b, h, i = trace_at
+        b, h, qs = trace_at
         if not 0 <= b < len(packed.seqs):
             raise InputError(f"traced sequence {b} is outside the batch's {len(packed.seqs)}")
-        if not 0 <= i < packed.seqs[b].t:
-            raise InputError(f"traced query {i} is outside sequence {b}'s "
-                             f"{packed.seqs[b].t} queries")
+        for i in qs:
+            if not 0 <= i < packed.seqs[b].t:
+                raise InputError(f"traced query {i} is outside sequence {b}'s "
+                                 f"{packed.seqs[b].t} queries")
     out = []
     for seq in packed.seqs:
         tr = None if trace_at is None or trace_at[0] != seq.index else (0, *trace_at[1:])

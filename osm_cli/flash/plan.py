@@ -5,12 +5,12 @@ place that decides how the tiles are walked: `q_groups` stacks consecutive Q til
 loop step; `walk` visits the K/V tiles in order for such a stack and says, for each, its
 bounds and its kind for every Q tile of the stack ('full', 'partial' or 'skip': the causal
 band, the window and the user's mask decide, masks.tile_kind); `Plan.visible` and
-`Plan.mask_tile` are the mask slices a partial tile applies; `Plan.locate` finds the traced
-row in a stack of rows. Every loop runs on these: osm's own forward (forward.py, the update
+`Plan.mask_tile` are the mask slices a partial tile applies; `Plan.rows_in` finds the traced
+rows in a stack of rows. Every loop runs on these: osm's own forward (forward.py, the update
 step of core.state as written), the fused forward (fast.py), the kernel presets' emulations
 (precision/emulate.py) and the backward (backward.py); none decides a bound, a kind or a skip
 itself. `tiles` is the walk with osm's scores made (masks.score_tile); `q_rows` one Q tile's
-rows scaled and stacked for matmul; `row_step` the traced row's Step for one tile.
+rows scaled and stacked for matmul; `row_step` a traced row's Step for one tile.
 Leaves out: the update itself (core/state.py, fast.py, textbook.py), the loop's schedule and
 the result (forward.py).
 
@@ -86,14 +86,15 @@ class Plan:
     user_mask: np.ndarray | None  # (B, Hkv, g, t, s)
     accum: np.dtype
     scale: float
-    traced: tuple  # (batch, head, query) or (-1, -1, -1)
-    at_row: tuple  # the traced row as (batch, kv head, query head within its group)
+    traced: tuple  # (batch, head, query) or (-1, -1, -1): the first traced row
+    at_row: tuple  # the traced rows' head as (batch, kv head, query head within its group)
     softcap: float | None = None  # scores become softcap·tanh(S / softcap)
     slopes: np.ndarray | None = None  # ALiBi: (B·Hkv, g), one slope per query head
     sinks: np.ndarray | None = None  # (B·Hkv, g): each query head's sink logit
     offset: int = 0  # s − t: where query i's diagonal meets the keys (ALiBi's distance)
     score_mod: ScoreMod | None = None  # FlexAttention's functions (mods.py)
     mask_mod: MaskMod | None = None
+    queries: tuple[int, ...] = ()  # every traced query row of the traced head, as asked
 
     def bias(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
              g1: int | None = None) -> np.ndarray | None:
@@ -185,13 +186,14 @@ class Plan:
             return -1
         return self.at_row[0] * self.groups[1] + self.at_row[1]
 
-    def locate(self, i0: int, i1: int) -> tuple[int, int] | None:
-        """The traced row in a stack of the rows i0:i1 of every head (g·(i1 − i0) rows a kv
-        group, as q_rows and the tiles stack them): (kv group, row), or None elsewhere."""
-        ti = self.traced[2]
-        if self.traced[0] < 0 or not i0 <= ti < i1:
-            return None
-        return self.traced_group, self.at_row[2] * (i1 - i0) + ti - i0
+    def rows_in(self, i0: int, i1: int) -> list[tuple[int, tuple[int, int]]]:
+        """The traced rows in a stack of the rows i0:i1 of every head (g·(i1 − i0) rows a kv
+        group, as q_rows and the tiles stack them): (query, (kv group, row)) for each, in the
+        order asked; [] when none is there."""
+        if self.traced[0] < 0:
+            return []
+        return [(qi, (self.traced_group, self.at_row[2] * (i1 - i0) + qi - i0))
+                for qi in self.queries if i0 <= qi < i1]
 
     def tile_work(self, i0: int) -> int:
         """How many K/V tiles the Q tile at i0 computes (the causal band and window skip some;
@@ -235,8 +237,9 @@ def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_a
         starts = [starts[int(i)] for i in tiling.order]
     if tiling.reverse:
         starts = starts[::-1]
-    check_traced(trace_at, (b, hq, t))
-    tb, th, ti = trace_at if trace_at is not None else (-1, -1, -1)
+    trace_at = check_traced(trace_at, (b, hq, t))
+    tb, th, qs = trace_at if trace_at is not None else (-1, -1, ())
+    ti = qs[0] if qs else -1
     slopes, sinks = (per_head(x, name, b, hq, hk, accum) for x, name in (
         (opts.alibi_slopes, "alibi_slopes"), (opts.sinks, "sinks")))
     # One matmul per kv head: the g query heads that share it are stacked as rows of one tile
@@ -245,7 +248,7 @@ def make_plan(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, trace_a
         q4.reshape(b, hk, g, t, d), k4.reshape(b * hk, s, d), v4.reshape(b * hk, s, dv), t,
         bq, bk, k0, k1, tuple(starts), band, user_mask, np.dtype(accum), opts.scale_for(d),
         (tb, th, ti), (tb, kv_head(th, hq, hk), th % g), opts.softcap, slopes, sinks, s - t,
-        opts.score_mod, opts.mask_mod,
+        opts.score_mod, opts.mask_mod, qs,
     )
 
 
@@ -342,14 +345,14 @@ def q_groups(plan: Plan, *, ragged: bool = False) -> list[tuple[int, ...]]:
     return [tuple(whole[i:i + size]) for i in range(0, len(whole), size)] + short
 
 
-def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, tuple | None]:
+def q_rows(plan: Plan, i0: int) -> tuple[np.ndarray, int, list]:
     """The Q tile at i0 as (B·Hkv, g·n, d) rows, scaled (masks.scale_q); its row count n; and
-    where the traced row sits in it as (batch·kv head, row), or None when it is elsewhere."""
+    where the traced rows sit in it (plan.rows_in: (query, (batch·kv head, row)) each)."""
     b, hk, g = plan.groups
     i1 = plan.q_end(i0)
     d = plan.q5.shape[-1]
     qt = scale_q(plan.q5[..., i0:i1, :], plan.scale, plan.accum).reshape(b * hk, g * (i1 - i0), d)
-    return qt, i1 - i0, plan.locate(i0, i1)
+    return qt, i1 - i0, plan.rows_in(i0, i1)
 
 
 def tiles(plan: Plan, group: tuple[int, ...], qt: np.ndarray,
@@ -395,23 +398,25 @@ def marked(plan: Plan, kind: str) -> dict:
 
 
 def row_step(bounds: tuple, block_max, m_prev, m, alpha, l_prev, l, o: np.ndarray,
-             masked: bool = False, sink: bool = False) -> Step:
-    """The traced row's Step for one K/V tile, from its values (o: the row's O after it)."""
+             masked: bool = False, sink: bool = False, query: int | None = None) -> Step:
+    """A traced row's Step for one K/V tile, from its values (o: the row's O after it; query:
+    which traced row it is)."""
     o = np.asarray(o, dtype=np.float64)
     return Step(*bounds, float(block_max), float(m_prev), float(m), float(alpha), float(l_prev),
-                float(l), masked=masked, o=o[:O_SHOWN].copy(), o_norm=_norm(o), sink=sink)
+                float(l), masked=masked, o=o[:O_SHOWN].copy(), o_norm=_norm(o), sink=sink,
+                query=query)
 
 
-def sink_step(plan: Plan, state: State, n: int, at: tuple | None) -> tuple[State, list[Step]]:
-    """The sinks joined to a Q tile's final state (core.state.with_sink), and the traced row's
-    Step for it (block -1: no keys; block_max is the sink) when the row is in this tile.
-    state's arrays are (…, B·Hkv, g·n): a stack of Q tiles shares the plan's sinks."""
+def sink_step(plan: Plan, state: State, n: int, ats: list) -> tuple[State, list[Step]]:
+    """The sinks joined to a Q tile's final state (core.state.with_sink), and each traced row's
+    Step for it (block -1: no keys; block_max is the sink) for the rows in this tile (ats:
+    (query, index) pairs). state's arrays are (…, B·Hkv, g·n): a stack of Q tiles shares the
+    plan's sinks."""
     sinks = plan.sink_rows(n)
     new, alpha = with_sink(state, np.broadcast_to(sinks, state.m.shape))
-    if at is None:
-        return new, []
     return new, [row_step((-1, 0, 0), sinks[at[-2:]], state.m[at], new.m[at], alpha[at],
-                          state.l[at], new.l[at], new.o[at], sink=True)]
+                          state.l[at], new.l[at], new.o[at], sink=True, query=qi)
+                 for qi, at in ats]
 
 
 def _norm(x: np.ndarray) -> float:

@@ -101,19 +101,47 @@ def broadcast_mask(mask: np.ndarray, shape: tuple) -> np.ndarray:
         ) from None
 
 
-def check_traced(trace_at: tuple | None, bht: tuple) -> None:
-    """The traced (batch, head, query) must lie inside Q's (B, H, t); None traces nothing."""
+def traced_rows(trace_at: tuple | None) -> tuple | None:
+    """trace_at as (batch, head, queries), queries a tuple of ints: its third entry is one query
+    or a sequence of them (several rows of one head, traced side by side: the m and l vectors
+    of a Q tile). None stays None. Example: traced_rows((0, 1, range(2))) -> (0, 1, (0, 1))"""
     if trace_at is None:
-        return
-    (tb, th, ti), (b, hq, t) = trace_at, bht
+        return None
+    try:
+        tb, th, ti = trace_at
+        many = not isinstance(ti, (int, np.integer))
+        qs = tuple(ti) if many else (ti,)
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                   for x in (tb, th, *qs)):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise InputError("trace_at must be (batch, head, query), the query an int or a "
+                         f"sequence of ints; not {trace_at!r}") from None
+    if not qs:
+        raise InputError("trace_at names no query row: give at least one")
+    twice = sorted({int(x) for x in qs if qs.count(x) > 1})
+    if twice:
+        raise InputError(f"trace_at names query {twice[0]} twice: give each row once")
+    return int(tb), int(th), tuple(int(x) for x in qs)
+
+
+def check_traced(trace_at: tuple | None, bht: tuple) -> tuple | None:
+    """The traced (batch, head, query or queries) must lie inside Q's (B, H, t); None traces
+    nothing. Returns trace_at as traced_rows gives it."""
+    trace_at = traced_rows(trace_at)
+    if trace_at is None:
+        return None
+    (tb, th, qs), (b, hq, t) = trace_at, bht
     if 0 in (b, hq, t):  # docs/inputs.md#zero-size-inputs
         raise InputError(f"Q has no query rows to trace: (B, H, t) = ({b}, {hq}, {t}); give at "
                          "least one (or trace_at=None for an empty result)")
-    if not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
-        raise InputError(
-            f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "
-            f"(B, H, t) = ({b}, {hq}, {t})"
-        )
+    for ti in qs:
+        if not (0 <= tb < b and 0 <= th < hq and 0 <= ti < t):
+            raise InputError(
+                f"traced row (batch {tb}, head {th}, query {ti}) is outside Q's "
+                f"(B, H, t) = ({b}, {hq}, {t})"
+            )
+    return trace_at
 
 
 def check_finite(x: np.ndarray, name: str, *, bhnd: bool = True) -> float:
@@ -181,13 +209,14 @@ def _shaped(bhnd: tuple, ndim: int, layout: str) -> tuple:
 
 
 def row_of(x: np.ndarray, traced: tuple, layout: str) -> np.ndarray:
-    """The traced (batch, head, query) row of an output shaped like `attention`'s."""
+    """The traced (batch, head, query) row of an output shaped like `attention`'s; for several
+    queries (a sequence) their rows, (queries, d)."""
     x4 = as_bhnd(x, layout, "output")
     b, h, i = traced
-    return x4[b, h, i]
+    return x4[b, h, list(i) if not isinstance(i, (int, np.integer)) else i]
 
 
 __all__ = [
     "as_bhnd", "bhnd_inputs", "broadcast_mask", "check_finite", "check_inputs", "check_traced",
-    "from_bhnd", "kv_head", "like_bhnd", "lse_bht", "lse_from_bhnd", "row_of",
+    "from_bhnd", "kv_head", "like_bhnd", "lse_bht", "lse_from_bhnd", "row_of", "traced_rows",
 ]

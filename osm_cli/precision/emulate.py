@@ -136,8 +136,11 @@ def _finish(m: Model, res: Attention) -> Attention:
     out_dt = DTYPES["bfloat16"] if m.name in EIGHT else m.dtype
     if bits(out_dt) >= bits(res.out.dtype):
         return res
-    trace_out = None if res.trace_out is None else res.trace_out.astype(out_dt).astype(F32)
-    return replace(res, out=res.out.astype(out_dt).astype(F32), trace_out=trace_out)
+    def cast(x):
+        return None if x is None else x.astype(out_dt).astype(F32)
+
+    return replace(res, out=cast(res.out), trace_out=cast(res.trace_out),
+                   trace_outs=cast(res.trace_outs))
 
 
 def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, kernel: Preset,
@@ -240,10 +243,11 @@ def _alibi(plan: Plan, ar: Arith, i0: int, n: int, j0: int, j1: int,
 
 
 class _Row:
-    """The traced row's place in a tile stack (plan.locate) and its steps."""
+    """A traced row: its query, its place in a tile stack (plan.rows_in), the Q tile of the
+    stack it is in (`mine`), and its steps."""
 
-    def __init__(self, plan: Plan, i0: int, n: int):
-        self.at = plan.locate(i0, i0 + n)
+    def __init__(self, query: int, at: tuple, mine: int):
+        self.query, self.at, self.mine = query, at, mine
         self.steps: list[Step] = []
 
 
@@ -266,18 +270,16 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
     m = np.full(rows, -np.inf, dtype=F32)
     lanes = np.zeros((*rows, 4), dtype=F32)  # the row sum of each thread of a quad
     o = np.zeros((*rows, dv), dtype=F32)
-    row = _Row(plan, i0, n)
-    at = row.at
-    mine = None if at is None else (plan.traced[2] - i0) // plan.bq  # the traced row's Q tile
+    traced = [_Row(qi, at, (qi - i0) // plan.bq) for qi, at in plan.rows_in(i0, i1)]
     counts = Counts()
     off = F32(ar.offset)
     for tile in walk(plan, group):
         bounds, j0, j1, kind = tile.bounds, tile.j0, tile.j1, tile.kind
         seen = [k != "skip" for k in tile.kinds]
         counts.skipped += len(group) - sum(seen)
-        hidden = at is not None and not seen[mine]
-        if hidden:  # the kernel skips this tile for the traced row's own Q tile
-            row.steps.append(_masked_step(bounds, m, lanes, o, ar, at))
+        for row in traced:
+            if not seen[row.mine]:  # the kernel skips this tile for the row's own Q tile
+                row.steps.append(_masked_step(bounds, m, lanes, o, ar, row))
         if kind == "skip":
             continue
         s = _scores(plan, ar, kernel, qt, i0, n, j0, j1, plan.softcap)
@@ -299,7 +301,7 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
         alpha = ar.ops.exp2(arg)
         p = _probabilities(kernel, ar, s, safe, off)
         lanes = row_sums(kernel.row_sum, (lanes * alpha[..., None]).astype(F32, copy=False), p)
-        top = _top(p, ar, at)  # before P is rounded (in place for bf16)
+        tops = [_top(p, ar, row.at) for row in traced]  # before P is rounded (bf16: in place)
         o = matmul(_round_p(p, ar.p_dtype), plan.v3[:, j0:j1, :].astype(F32, copy=False), ar.mma,
                 np.multiply(o, alpha[..., None], out=o))
         counts.computed += sum(seen)
@@ -307,14 +309,15 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
         counts.row_visits += sum(plan.q_end(a) - a for a, saw in zip(group, seen, strict=True)
                                  if saw)
         counts.rescales += int(np.count_nonzero((m_new != m) & np.isfinite(m)))
-        if at is not None and not hidden:
-            row.steps.append(replace(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar, at,
-                                           prev=row), **top, **marked(plan, tile.kinds[mine])))
+        for row, top in zip(traced, tops, strict=True):
+            if seen[row.mine]:
+                row.steps.append(replace(_step(bounds, block_max, m, m_new, alpha, lanes, o, ar,
+                                               row), **top, **marked(plan, tile.kinds[row.mine])))
         m = m_new
-    lse, o = _finalize(plan, ar, kernel, m, lanes, o, n, row)
+    lse, o = _finalize(plan, ar, kernel, m, lanes, o, n, traced)
     out5[..., i0:i1, :] = o.reshape(b, hk, g, n, dv)
     lse5[..., i0:i1] = lse.reshape(b, hk, g, n)
-    return row.steps, counts
+    return [st for row in traced for st in row.steps], counts
 
 
 def _probabilities(kernel: Preset, ar: Arith, s: np.ndarray, safe: np.ndarray,
@@ -391,7 +394,7 @@ def _f8max(dtype: np.dtype) -> float:
     return float(ml_dtypes.finfo(dtype).max)
 
 
-def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _Row):
+def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, traced: list):
     """l from the quad, the sink joined (FA4), O · (1/l) (· v_descale), and the LSE."""
     l = quad_sum(lanes)
     c = ar.c[..., 0]
@@ -404,14 +407,15 @@ def _finalize(plan: Plan, ar: Arith, kernel: Preset, m, lanes, o, n: int, row: _
         ms = np.where(empty, (sink * F32(LOG2E)).astype(F32), ms)
         with np.errstate(over="ignore"):
             l = (l + ar.ops.exp2(fma(sink, F32(LOG2E), off - ms))).astype(F32)
-        if row.at is not None:
+        for row in traced:
             at = row.at
             nat = float(ar.nat[at[0], 0, 0])
             sk = float(sink[at])
             mm = float(m[at]) * nat if np.isfinite(m[at]) else -math.inf
             row.steps.append(row_step((-1, 0, 0), sk, mm, mm if not empty[at] else sk, 1.0,
                                       _show_l(float(l_prev[at]), ar), _show_l(float(l[at]), ar),
-                                      o[at] / F32(2.0 ** ar.offset), sink=True))
+                                      o[at] / F32(2.0 ** ar.offset), sink=True,
+                                      query=row.query))
     bad = (l == 0) | np.isnan(l)
     safe_l = np.where(bad, F32(1), l)
     if kernel.normalise in ("reciprocal", "reciprocal-rn"):
@@ -441,34 +445,37 @@ def _show_l(l: float, ar: Arith) -> float:
 
 
 def _top(p: np.ndarray, ar: Arith, at) -> dict:
-    """FP8: the traced row's largest P of the tile and how many saturate (P above the dtype's
-    largest finite: flash-attention #2716), as Step fields; {} for 16-bit P or no traced row."""
-    if at is None or bits(ar.p_dtype) != 8:
+    """FP8: a traced row's largest P of the tile and how many saturate (P above the dtype's
+    largest finite: flash-attention #2716), as Step fields; {} for 16-bit P."""
+    if bits(ar.p_dtype) != 8:
         return {}
     row = p[at]
     return {"p_max": float(row.max(initial=0.0)),
             "saturated": int(np.count_nonzero(row > F32(_f8max(ar.p_dtype))))}
 
 
-def _step(bounds, block_max, m, m_new, alpha, lanes, o, ar: Arith, at, prev: _Row) -> Step:
-    """The traced row's Step for one tile, in natural-log units (m·scale)."""
+def _step(bounds, block_max, m, m_new, alpha, lanes, o, ar: Arith, row: _Row) -> Step:
+    """A traced row's Step for one tile, in natural-log units (m·scale)."""
+    at = row.at
     nat = float(ar.nat[at[0], 0, 0])
     l_now = float(quad_sum(lanes[at][None])[0])
-    l_prev = prev.steps[-1].l if prev.steps else 0.0
+    l_prev = row.steps[-1].l if row.steps else 0.0
 
     def natural(x) -> float:
         return float(x) * nat if np.isfinite(x) else float(x)
 
     return row_step(bounds, natural(block_max[at]), natural(m[at]), natural(m_new[at]),
-                    float(alpha[at]), l_prev, _show_l(l_now, ar), o[at] / F32(2.0 ** ar.offset))
+                    float(alpha[at]), l_prev, _show_l(l_now, ar), o[at] / F32(2.0 ** ar.offset),
+                    query=row.query)
 
 
-def _masked_step(bounds, m, lanes, o, ar: Arith, at) -> Step:
+def _masked_step(bounds, m, lanes, o, ar: Arith, row: _Row) -> Step:
+    at = row.at
     nat = float(ar.nat[at[0], 0, 0])
     mm = float(m[at]) * nat if np.isfinite(m[at]) else float(m[at])
     l = _show_l(float(quad_sum(lanes[at][None])[0]), ar)
     return row_step(bounds, -np.inf, mm, mm, 1.0, l, l, o[at] / F32(2.0 ** ar.offset),
-                    masked=True)
+                    masked=True, query=row.query)
 
 
 __all__ = ["MMAS", "Descale", "Ops", "run_kernel"]

@@ -21,7 +21,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from osm_cli.errors import OsmError
-from osm_cli.flash.forward import Attention, Hooks, ScoreOptions, attention, masked_as, run_fields
+from osm_cli.flash.forward import (
+    Attention,
+    Hooks,
+    ScoreOptions,
+    attention,
+    masked_as,
+    run_fields,
+    traced_fields,
+)
 from osm_cli.flash.options import split_options
 from osm_cli.flash.reference import reference
 from osm_cli.flash.shapes import as_bhnd, check_traced, row_of
@@ -97,9 +105,11 @@ def finish(m: Model, res: Attention) -> Attention:
     """The final O / l rounded to the dtype (LSE stays in the state's dtype)."""
     if bits(m.dtype) >= bits(res.out.dtype):
         return res
-    trace_out = None if res.trace_out is None else round_to(res.trace_out, m.dtype,
-                                                            res.trace_out.dtype)
-    return replace(res, out=round_to(res.out, m.dtype, res.out.dtype), trace_out=trace_out)
+    def rounded(x):
+        return None if x is None else round_to(x, m.dtype, x.dtype)
+
+    return replace(res, out=rounded(res.out), trace_out=rounded(res.trace_out),
+                   trace_outs=rounded(res.trace_outs))
 
 
 def plain(q, k, v, dtype, opts: ScoreOptions | None = None,
@@ -168,17 +178,18 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf", op
     """precision naive as an Attention record: plain attention in the dtype, one shot (no tiles)."""
     opts, tiling, _ = split_options(options, opts, tiling, hooks)
     hooks_for(m, order=tiling.order, threshold=tiling.threshold)
-    check_traced(trace_at, as_bhnd(np.asarray(q), opts.layout, "Q").shape[:3])
+    trace_at = check_traced(trace_at, as_bhnd(np.asarray(q), opts.layout, "Q").shape[:3])
     out, lse = plain(q, k, v, m.dtype, opts)
     empty = np.isneginf(lse)
     lse = masked_as(lse, masked_lse)
-    trace_out = None if trace_at is None else row_of(out, trace_at, opts.layout).copy()
+    outs = None if trace_at is None else row_of(out, trace_at, opts.layout).copy()
     fields = run_fields(q, k, v, opts, masked_lse)
     return Attention(
         out=out, lse=lse, **{**fields, "softcap": None, "alibi": False, "sinks": False},
         block_q=0, block_k=0, tiles_computed=0, tiles_skipped=0, rescales=0,
-        masked_rows=int(np.count_nonzero(empty)), trace=(), traced=trace_at or (0, 0, 0),
-        trace_out=trace_out, one_shot=True,
+        masked_rows=int(np.count_nonzero(empty)),
+        traced=(0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
+        **traced_fields(() if trace_at is None else trace_at[2], (), outs), one_shot=True,
     )
 
 

@@ -43,8 +43,10 @@ def split_kv_run(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, dense,
     out, merged_lse = fa2_combine(outs, [p.lse for p in parts], d)
     out = np.swapaxes(out, -3, -2) if swap else out
     lse = masked_as(merged_lse, masked_lse)
-    trace = tuple(st for p in parts for st in p.trace)
-    return replace(parts[0], out=out, lse=lse, trace=trace,
+    traces = tuple(tuple(st for p in parts for st in p.traces[r])
+                   for r in range(len(parts[0].traces)))
+    return replace(parts[0], out=out, lse=lse, trace=traces[0] if traces else (),
+                   traces=traces, trace_outs=None,
                    tiles_computed=sum(p.tiles_computed for p in parts),
                    tiles_skipped=sum(p.tiles_skipped for p in parts),
                    tiles_total=sum(p.tiles_total for p in parts),

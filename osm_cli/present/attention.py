@@ -132,69 +132,87 @@ def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
 
 def _attention_trace(res, show_all: bool, d: int, o_shown: int = 3,
                      arrows: bool = True) -> Group:
+    if len(res.traces) > 1:
+        from .rows import rows_trace
+
+        return rows_trace(res, show_all, d, o_shown, arrows)
     b, h, i = res.traced
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    nc = {"justify": "right", "no_wrap": True}
-    for name in ("tile", "keys", "tile max", "m", "α", "l"):
-        t.add_column(name, **nc)
-    held = len(res.trace[0].o) if res.trace and res.trace[0].o is not None else 0
-    shown = min(held, o_shown)
-    with_o = shown > 0
-    dv = res.out.shape[-1] if getattr(res, "out", None) is not None else held
-    if with_o:
-        t.add_column(f"O[:{shown}]" + (f" of {dv}" if dv > shown else ""), no_wrap=True)
-    t.add_column("‖O‖", **nc)
-
-    pages = any(st.pages for st in res.trace)
-    if pages:
-        t.add_column("pages", **nc)
-    fp8 = any(st.p_max is not None for st in res.trace)
-    if fp8:  # FP8: P's largest before rounding, and how many of the row's P saturate
-        t.add_column("P max (sat)", **nc)
-
-    def row(n):
-        s = res.trace[n]
-        extra = [",".join(map(str, s.pages or ()))] if pages else []
-        if fp8:
-            extra.append(_p_top(s, d))
-        if s.masked:
-            return [str(s.block), f"{s.start}:{s.stop}", Text("skipped", style="dim"),
-                    num(s.m, d), "", num(s.l, d), *([""] if with_o else []), "", *extra]
-        if s.sink:  # not a tile: the sink joins l as a key of value 0
-            m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
-            l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
-            o = [values(s.o, max(3, d - 3), shown)] if with_o else []
-            return ["sink", "", Text.assemble("σ ", num(s.block_max, d)), m, num(s.alpha, d),
-                    l_, *o, num(s.o_norm, d), *extra]
-        alpha = num(s.alpha, d)
-        if s.rescaled:
-            alpha.stylize("bold yellow")
-        if s.lazy_skipped:  # lazy rescale: the tile max passed m, m was kept
-            alpha.append(" skip", style="magenta")
-        m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
-        l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
-        o = [values(s.o, max(3, d - 3), shown)] if with_o else []
-        tile = str(s.block) if s.kind is None else f"{s.block} {s.kind[0]}"  # full / partial
-        return [tile, f"{s.start}:{s.stop}", num(s.block_max, d), m, alpha, l_, *o,
-                num(s.o_norm, d), *extra]
-
+    t, cols = trace_table(res, res.trace, o_shown)
     moved = [n for n, s in enumerate(res.trace) if s.m != s.m_prev]
-    fill(t, len(res.trace), row, show_all, moved, "tiles")
+    fill(t, len(res.trace), lambda n: step_cells(res.trace[n], d, arrows, cols), show_all,
+         moved, "tiles")
     what = "sequence" if getattr(res, "batch", "") else "batch"
     title = f"trace of {what} {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
+    return Group(Text(title + trace_notes(res, res.trace, cols, arrows)), t)
+
+
+def trace_table(res, steps, o_shown: int, query: bool = False) -> tuple[Table, dict]:
+    """The trace table's columns (a query column first after the keys for several rows) and
+    what its cells need: {"shown": O's components shown, "held": those the steps hold,
+    "pages": a pages column, "fp8": a P max column}."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    nc = {"justify": "right", "no_wrap": True}
+    for name in ("tile", "keys", *(("query",) if query else ()), "tile max", "m", "α", "l"):
+        t.add_column(name, **nc)
+    held = len(steps[0].o) if steps and steps[0].o is not None else 0
+    shown = min(held, o_shown)
+    dv = res.out.shape[-1] if getattr(res, "out", None) is not None else held
+    if shown:
+        t.add_column(f"O[:{shown}]" + (f" of {dv}" if dv > shown else ""), no_wrap=True)
+    t.add_column("‖O‖", **nc)
+    cols = {"shown": shown, "held": held, "pages": any(st.pages for st in steps),
+            "fp8": any(st.p_max is not None for st in steps)}
+    if cols["pages"]:
+        t.add_column("pages", **nc)
+    if cols["fp8"]:  # FP8: P's largest before rounding, and how many of the row's P saturate
+        t.add_column("P max (sat)", **nc)
+    return t, cols
+
+
+def step_cells(s, d: int, arrows: bool, cols: dict, query: str | None = None) -> list:
+    """One step's cells in a trace_table (query: the query column's text, for several rows)."""
+    shown, with_o = cols["shown"], cols["shown"] > 0
+    extra = [",".join(map(str, s.pages or ()))] if cols["pages"] else []
+    if cols["fp8"]:
+        extra.append(_p_top(s, d))
+    q = [] if query is None else [query]
+    if s.masked:
+        return [str(s.block), f"{s.start}:{s.stop}", *q, Text("skipped", style="dim"),
+                num(s.m, d), "", num(s.l, d), *([""] if with_o else []), "", *extra]
+    m = arrow(s.m_prev, s.m, d) if arrows else num(s.m, d)
+    l_ = arrow(s.l_prev, s.l, d) if arrows else num(s.l, d)
+    o = [values(s.o, max(3, d - 3), shown)] if with_o else []
+    if s.sink:  # not a tile: the sink joins l as a key of value 0
+        return ["sink", "", *q, Text.assemble("σ ", num(s.block_max, d)), m, num(s.alpha, d),
+                l_, *o, num(s.o_norm, d), *extra]
+    alpha = num(s.alpha, d)
+    if s.rescaled:
+        alpha.stylize("bold yellow")
+    if s.lazy_skipped:  # lazy rescale: the tile max passed m, m was kept
+        alpha.append(" skip", style="magenta")
+    tile = str(s.block) if s.kind is None else f"{s.block} {s.kind[0]}"  # full / partial
+    return [tile, f"{s.start}:{s.stop}", *q, num(s.block_max, d), m, alpha, l_, *o,
+            num(s.o_norm, d), *extra]
+
+
+def trace_notes(res, steps, cols: dict, arrows: bool) -> str:
+    """The lines under a trace's title: what a narrow width left out of O, a single tile
+    holding every key, m and l shown after each tile only, the block mask's letters."""
+    title = ""
+    shown, held = cols["shown"], cols["held"]
     if shown < held:
         title += (f"\n(O[{shown}:{held}] left out at this width: --json or --csv has it, "
                   "--explain its arithmetic)")
-    tiles = [s for s in res.trace if not s.sink]
+    tiles = [s for s in steps if not s.sink]
     keys = tiles[0].stop - tiles[0].start if len(tiles) == 1 else 0
     if keys > 1:  # the whole row in one tile: nothing online to see
         title += (f"\n(one K/V tile holds all {keys} keys, so no online step shows: "
                   f"--block-k {max(1, keys // 4)} makes tiles of {max(1, keys // 4)} keys)")
     if not arrows:
         title += "\nm and l after each tile (the row above holds their values before it)"
-    if any(st.kind is not None for st in res.trace):
+    if any(st.kind is not None for st in steps):
         title += "\nblock mask: f a full tile (no mask applied), p a partial one (masked)"
-    return Group(Text(title), t)
+    return title
 
 
 def _p_top(s, d: int) -> Text:
@@ -224,10 +242,14 @@ def attention_output(res, ref_row, show_all: bool = False) -> Group:
     return Group(*parts)
 
 
-def attention_results(rep, show_all: bool = False) -> Group:
+def attention_results(rep, show_all: bool = False, width: int = 100) -> Group:
     """What follows osm attention's trace (report.AttentionReport): the traced row's output
     beside the reference, then the splits of --splits."""
     split = [] if rep.split is None else [split_table(rep.split)]
+    if len(rep.result.queries) > 1:
+        from .rows import rows_output
+
+        return Group(rows_output(rep.result, rep.ref_rows, show_all, width), *split)
     return Group(attention_output(rep.result, rep.ref_row, show_all), *split)
 
 
@@ -236,9 +258,13 @@ def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) ->
     highlighted), the tile's arithmetic and a hint."""
     from .explain import attention_step
 
+    def upto_step(shown):
+        n = len(shown)
+        return replace(res, trace=shown, traces=tuple(tr[:n] for tr in res.traces))
+
     return frame(headers, res.trace, upto, "tile",
-                  lambda shown: attention_trace(replace(res, trace=shown), width),
-                  attention_step(res, upto))
+                  lambda shown: attention_trace(upto_step(shown), width),
+                  attention_step(res, upto), lines=max(1, len(res.traces)))
 
 
 def progress_bar(console: Console):

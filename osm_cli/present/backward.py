@@ -98,25 +98,37 @@ def query_trace(rep, width: int = 100, show_all: bool = False) -> Group:
 def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
     r = rep.result
     b, h, i = r.traced
+    many = not key and len(r.queries) > 1  # several query rows: a line per row under a tile
     steps = r.key_trace if key else r.query_trace
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     nc = {"justify": "right", "no_wrap": True}
     names = ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖", "‖dV_j‖") if key else (
-        "K/V tile", "keys", "P max", "Σ dS", "‖dQ_i‖")
+        "K/V tile", "keys", *(("query",) if many else ()), "P max", "Σ dS", "‖dQ_i‖")
     for name in names:
         t.add_column(name, **nc)
 
-    def row(n):
-        s = steps[n]
-        cells = [str(s.block), f"{s.start}:{s.stop}"]
+    def cells(s, query=None):
+        out = [str(s.block), f"{s.start}:{s.stop}", *(() if query is None else (query,))]
         if s.masked:
-            cells += [Text("skipped", style="dim"), ""]
+            out += [Text("skipped", style="dim"), ""]
         else:
-            cells += [num(s.p_max, d), num(s.ds_sum, d)]
-        return cells + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
+            out += [num(s.p_max, d), num(s.ds_sum, d)]
+        return out + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
 
-    fill(t, len(steps), row, show_all, unit="tiles")
     what = "sequence" if r.batch else "batch"
+    if many:
+        from .rows import queries_text, tile_groups
+
+        def line(n, k, first):
+            out = cells(r.query_traces[n][k], str(r.queries[n]))
+            if not first:
+                out[0] = out[1] = ""
+            return out
+
+        tile_groups(t, r.query_traces, show_all, line)
+        return Group(Text(f"{queries_text(r.queries)} of {what} {b}, head {h}: dQ_i over the "
+                          "K/V tiles, start 0"), t)
+    fill(t, len(steps), lambda n: cells(steps[n]), show_all, unit="tiles")
     if key:
         title = (f"key {r.traced_key} of {what} {b}, kv head {r.kv_head} ({_heads_of(r)}): "
                  "dK_j, dV_j over the Q tiles, start 0")
@@ -133,34 +145,44 @@ def _heads_of(r) -> str:
     return f"query heads {first}–{first + r.group - 1}"
 
 
-def traced_rows(rep, show_all: bool = False) -> Group:
-    """The traced rows as written (dQ_i, dK_j, dV_j), one component a line, and how far each
-    is from the float64 reference."""
+def traced_rows(rep, show_all: bool = False, width: int = 100) -> Group:
+    """The traced rows as written (dQ_i of each traced query row, dK_j, dV_j), one component
+    a line, and how far each is from the float64 reference."""
     rows = rep.traced_rows
     r = rep.result
-    labels = {"dq": f"dQ[{r.traced[2]}]", "dk": f"dK[{r.traced_key}]",
-              "dv": f"dV[{r.traced_key}]"}
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("j", justify="right")
-    for name in GRADS:
-        t.add_column(labels[name], justify="right", no_wrap=True)
-    xs = {n: np.asarray(rows[n], dtype=np.float64) for n in GRADS}
+    queries = r.queries if len(r.queries) > 1 else (r.traced[2],)
+    xs = {f"dQ[{qi}]": x for qi, x in zip(queries, np.atleast_2d(
+        np.asarray(rows["dq"], dtype=np.float64)), strict=True)}
+    refs = {} if rep.ref_rows is None else dict(zip(xs, np.atleast_2d(
+        np.asarray(rep.ref_rows["dq"], dtype=np.float64)), strict=True))
+    for name, label in (("dk", f"dK[{r.traced_key}]"), ("dv", f"dV[{r.traced_key}]")):
+        xs[label] = np.asarray(rows[name], dtype=np.float64)
+        if rep.ref_rows is not None:
+            refs[label] = np.asarray(rep.ref_rows[name], dtype=np.float64)
     n = max(len(x) for x in xs.values())
 
-    def line(j):
-        return [str(j), *(num(xs[g][j], 10) if j < len(xs[g]) else Text("") for g in GRADS)]
+    def make(digits):
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("j", justify="right")
+        for label in xs:
+            t.add_column(label, justify="right", no_wrap=True)
 
-    parts = [Text("traced rows of the gradients"), fill(t, n, line, show_all)]
-    if rep.ref_rows is not None:
-        for name in GRADS:
-            diff = float(np.abs(xs[name] - np.asarray(rep.ref_rows[name])).max(initial=0.0))
-            parts.append(agreement(f"{labels[name]} vs the float64 reference", diff))
+        def line(j):
+            return [str(j), *(num(x[j], digits) if j < len(x) else Text("")
+                              for x in xs.values())]
+
+        return Group(Text("traced rows of the gradients"), fill(t, n, line, show_all))
+
+    parts = [fit(make, width, (10, 8, 7, 6, 5))]
+    for label, ref in refs.items():
+        diff = float(np.abs(xs[label] - ref).max(initial=0.0))
+        parts.append(agreement(f"{label} vs the float64 reference", diff))
     return Group(*parts)
 
 
-def backward_results(rep, show_all: bool = False) -> Group:
+def backward_results(rep, show_all: bool = False, width: int = 100) -> Group:
     """What follows the traces: the traced rows beside the reference."""
-    return Group(traced_rows(rep, show_all))
+    return Group(traced_rows(rep, show_all, width))
 
 
 __all__ = ["backward_heads", "backward_results", "key_trace", "query_trace", "traced_rows"]

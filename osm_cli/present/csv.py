@@ -119,16 +119,21 @@ TILE_COLUMNS = (
 
 def tiles_csv(res) -> str:
     """One line per K/V tile of attention's traced row (core.record.Step records), in the
-    order the tiles were visited. o_0, o_1, … are the first components of the unnormalised O
-    after the tile; rescaled: the row's finite running max moved, so its state was scaled by α.
-    A skipped tile (the mask hides it) has tile_max -inf and leaves the state as it was.
+    order the tiles were visited; for several traced rows (--query 0:4) one line per row of
+    each tile, the rows of a step together, as the table shows them. o_0, o_1, … are the first
+    components of the unnormalised O after the tile; rescaled: the row's finite running max
+    moved, so its state was scaled by α. A skipped tile (the mask hides it) has tile_max -inf
+    and leaves the state as it was.
     """
-    shown = max((len(s.o) for s in res.trace), default=0)
-    b, h, i = res.traced
+    traces = res.traces or (res.trace,)
+    queries = res.queries or (res.traced[2],)
+    shown = max((len(s.o) for tr in traces for s in tr), default=0)
+    b, h, _ = res.traced
     return _csv([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))], (
         (b, h, i, n, s.block, s.start, s.stop, s.masked, s.block_max, s.m_prev, s.m, s.alpha,
          s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o))
-        for n, s in enumerate(res.trace)
+        for n in range(min(map(len, traces)))
+        for i, s in ((i, tr[n]) for i, tr in zip(queries, traces, strict=True))
     ))
 
 
@@ -141,10 +146,13 @@ GRAD_COLUMNS = (
 def grad_trace_csv(res) -> str:
     """osm backward --csv: one line per tile of both traces (core.record.GradStep records).
     trace "key": key row `row` of kv head `head`, its tiles the Q tiles (start:stop are query
-    rows); trace "query": query row `row` of head `head`, its tiles the K/V tiles (keys)."""
+    rows); trace "query": query row `row` of head `head`, its tiles the K/V tiles (keys), each
+    traced query row's in turn (--query 0:4)."""
     b, h, i = res.traced
+    queries = res.queries or (i,)
+    rows = res.query_traces or (res.query_trace,)
     traces = ((("key", b, res.kv_head, res.traced_key), res.key_trace),
-              (("query", b, h, i), res.query_trace))
+              *((("query", b, h, qi), tr) for qi, tr in zip(queries, rows, strict=True)))
     return _csv(GRAD_COLUMNS, (
         (*who, s.block, s.start, s.stop, s.masked, s.p_max, s.ds_sum, s.dk_norm, s.dv_norm,
          s.dq_norm)

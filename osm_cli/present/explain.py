@@ -42,10 +42,11 @@ def trace_explained(trace, show_all: bool = False) -> Group:
                                 lambda k: trace_step(trace, k)), Text(""))
 
 
-def _each(steps, show_all: bool, unit: str, one) -> list:
-    """one(k) for each step shown: every step where m moved, the first and last few, and a
-    dim line saying how many were left out between them."""
-    moved = [k for k, s in enumerate(steps) if s.m != s.m_prev]
+def _each(steps, show_all: bool, unit: str, one, moved=None) -> list:
+    """one(k) for each step shown: every step where m moved (given: those in `moved`), the
+    first and last few, and a dim line saying how many were left out between them."""
+    if moved is None:
+        moved = [k for k, s in enumerate(steps) if s.m != s.m_prev]
     shown = elided(len(steps), show_all, moved)
     parts = []
     for n, k in enumerate(shown):
@@ -59,15 +60,29 @@ def _each(steps, show_all: bool, unit: str, one) -> list:
 
 
 def attention_step(res, k: int) -> Group:
-    """K/V tile k of attention's traced row."""
-    return step_block(attention_heading(res.trace[k]), attention_step_lines(res.trace, k))
+    """K/V tile k of attention's traced row; of several rows (--query 0:4), each row's lines
+    under its query (one line when the tile is skipped for all of them)."""
+    if len(res.traces) <= 1:
+        return step_block(attention_heading(res.trace[k]), attention_step_lines(res.trace, k))
+    head = attention_heading(res.traces[0][k])
+    if all(tr[k].masked for tr in res.traces):
+        return step_block(head, ["skipped for every traced row: the mask hides these keys; m, "
+                                 "l, O unchanged"])
+    parts: list = [Text(head, style="bold")]
+    for qi, tr in zip(res.queries, res.traces, strict=True):
+        parts.append(Padding(Text(f"query {qi}", style="bold"), (0, 0, 0, 3)))
+        parts += [Padding(Text(line), (0, 0, 0, 5)) for line in attention_step_lines(tr, k)]
+    return Group(*parts)
 
 
 def attention_explained(res, show_all: bool = False) -> Group:
-    """Every tile's arithmetic for the traced row."""
+    """Every tile's arithmetic for the traced row (or rows)."""
     parts: list = [Text("each tile's arithmetic", style="bold underline"), Text(ATTENTION_NOTE)]
-    return Group(*parts, *_each(res.trace, show_all, "tiles", lambda k: attention_step(res, k)),
-                 Text(""))
+    traces = res.traces if len(res.traces) > 1 else (res.trace,)
+    n = min(map(len, traces))
+    moved = [k for k in range(n) if any(tr[k].m != tr[k].m_prev for tr in traces)]
+    return Group(*parts, *_each(traces[0][:n], show_all, "tiles",
+                                lambda k: attention_step(res, k), moved), Text(""))
 
 
 def screen_heading(heading: str, n: int, total: int, prose: str, line: str) -> Group:

@@ -229,7 +229,7 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
         "tiles_total": res.tiles_total, "rescales": res.rescales,
         "masked_rows": res.masked_rows, "masked_lse": res.masked_lse, "lse_base": "e",
         **(errs or {"reference": "skipped"}),
-        "trace": {
+        "trace": trace_rows_doc(res, ref_row) if len(res.traces) > 1 else {
             "batch": res.traced[0], "head": res.traced[1], "query": res.traced[2],
             "steps": [tile_doc(s) for s in res.trace],
             "out": res.trace_out,
@@ -238,12 +238,31 @@ def attention_summary(res, errs: dict | None, ref_row) -> dict:
     }
 
 
+SHARED = ("tile", "start", "stop", "sink", "pages")  # a step's keys the same for every row
+
+
+def trace_rows_doc(res, ref_rows) -> dict:
+    """attention --json's "trace" for several rows (--query 0:4): "queries" lists them, and
+    each step is one K/V tile with its tile, start, stop (and sink, pages) once and every other
+    key of tile_doc as a list over the rows, in the order of "queries" (m, l, scale, o_head, …:
+    the vectors a kernel holds for a Q tile); "out" and "reference" are lists of rows."""
+    steps = []
+    for k in range(min(map(len, res.traces))):
+        docs = [tile_doc(tr[k]) for tr in res.traces]
+        keys = list(dict.fromkeys(key for d in docs for key in d))
+        steps.append({key: docs[0].get(key) if key in SHARED else [d.get(key) for d in docs]
+                      for key in keys})
+    return {"batch": res.traced[0], "head": res.traced[1], "queries": list(res.queries),
+            "steps": steps, "out": res.trace_outs, "reference": ref_rows}
+
+
 def attention_doc(rep) -> dict:
     """osm attention --json (report.AttentionReport): the summary and trace, then the keys of
     --dtype (precision) and --splits."""
     doc = {"kernel": rep.kernel, "mma": rep.mma,  # the preset modelled (None: naive)
            **({"kernel_splits": rep.result.splits} if rep.kernel not in (None, "tiles") else {}),
-           **attention_summary(rep.result, rep.errors, rep.ref_row)}
+           **attention_summary(rep.result, rep.errors,
+                               rep.ref_rows if len(rep.result.traces) > 1 else rep.ref_row)}
     if rep.model is not None:
         doc["precision"] = precision_doc(rep.model, rep.notes, rep.verdict)
     if rep.baseline is not None:
@@ -316,15 +335,35 @@ def grad_check_doc(g) -> dict:
     }
 
 
+GRAD_STEP_KEYS = ("block", "start", "stop", "masked", "p_max", "ds_sum", "dk_norm", "dv_norm",
+                  "dq_norm")
+
+
 def grad_step_doc(s) -> dict:
-    """One tile of a backward trace (core.record.GradStep)."""
-    return {k: v for k, v in vars(s).items() if v is not None}
+    """One tile of a backward trace (core.record.GradStep): its keys that are not None."""
+    return {k: getattr(s, k) for k in GRAD_STEP_KEYS if getattr(s, k) is not None}
+
+
+def query_traces_doc(r) -> list:
+    """backward --json's "query_trace" for several rows (--query 0:4): one step per K/V tile,
+    its block, start and stop once and masked, p_max, ds_sum, dq_norm as lists over the rows
+    of traced.queries."""
+    steps = []
+    for k in range(min(map(len, r.query_traces))):
+        docs = [grad_step_doc(tr[k]) for tr in r.query_traces]
+        keys = dict.fromkeys(key for d in docs for key in d)
+        steps.append({key: docs[0][key] if key in ("block", "start", "stop") else
+                      [d.get(key) for d in docs] for key in keys})
+    return steps
 
 
 def backward_doc(rep) -> dict:
-    """osm backward --json (reports.backward.BackwardReport)."""
+    """osm backward --json (reports.backward.BackwardReport); for several traced query rows,
+    traced.queries in place of traced.query, query_trace as query_traces_doc, and
+    traced_rows.dq and reference_rows.dq as lists of rows."""
     r = rep.result
     b, h, i = r.traced
+    many = len(r.queries) > 1  # several query rows: their traces as lists (query_traces_doc)
     d = np.asarray(r.delta, dtype=np.float64)
     doc = {
         "kernel": rep.kernel, "mma": rep.mma,  # the preset whose forward gave O and LSE
@@ -338,9 +377,12 @@ def backward_doc(rep) -> dict:
         "delta_min": float(d.min()) if d.size else None,
         "delta_max": float(d.max()) if d.size else None,
         "errors": rep.errors,
-        "traced": {"batch": b, "head": h, "query": i, "key": r.traced_key, "kv_head": r.kv_head},
+        "traced": {"batch": b, "head": h, **({"queries": list(r.queries)} if many else
+                                              {"query": i}),
+                   "key": r.traced_key, "kv_head": r.kv_head},
         "key_trace": [grad_step_doc(s) for s in r.key_trace],
-        "query_trace": [grad_step_doc(s) for s in r.query_trace],
+        "query_trace": (query_traces_doc(r) if many else
+                        [grad_step_doc(s) for s in r.query_trace]),
         "traced_rows": {n: np.asarray(x, dtype=np.float64) for n, x in rep.traced_rows.items()},
         "reference_rows": rep.ref_rows,
         **({} if r.dsink is None else {"dsink": r.dsink}),
@@ -418,5 +460,5 @@ __all__ = [
     "Pieces", "StepChunks", "attention_doc", "attention_summary", "attention_sweep_doc",
     "backward_doc", "check_doc", "grad_check_doc",
     "cost_doc", "dumps", "jsonable", "merge_doc", "precision_doc", "step_doc", "sweep_doc",
-    "tile_doc", "trace_doc", "verdict_doc",
+    "tile_doc", "trace_doc", "trace_rows_doc", "verdict_doc",
 ]

@@ -87,11 +87,13 @@ __all__ = ["BACK", "FIRST", "LAST", "NEXT", "QUIT", "buffered", "interactive", "
 
 
 def frame(headers: Sequence, steps: Sequence, upto: int, unit: str,
-           table: Callable[[Sequence], Group], explained=None) -> Group:
+           table: Callable[[Sequence], Group], explained=None, lines: int = 1) -> Group:
     """One step-mode frame: the headers, table(the steps up to `upto`) (a title, then the table,
-    whose last row is highlighted), the step's arithmetic (`explained`) and the hint."""
+    whose last `lines` rows, the step's, are highlighted), the step's arithmetic (`explained`)
+    and the hint."""
     group = table(steps[: upto + 1])
-    group.renderables[1].rows[-1].style = "reverse"
+    for row in group.renderables[1].rows[-lines:]:
+        row.style = "reverse"
     extra = [] if explained is None else [Text(""), explained]
     return Group(*headers, *group.renderables, *extra, step_hint(upto, len(steps), unit))
 

@@ -54,13 +54,14 @@ class AttentionReport:
     notes: tuple[Rounding, ...] = ()  # per input: what rounding to the model's dtype did
     split: SplitRun | None = None  # with splits: the split-KV run merged, against the unsplit
     errors: dict | None = None  # against the float64 reference (None: not compared)
-    ref_row: np.ndarray | None = None  # the reference's traced row
+    ref_row: np.ndarray | None = None  # the reference's traced row (the first)
     verdict: Verdict | None = None  # of a model's run (with the reference)
     baseline: Baseline | None = None  # with --order or a rescale threshold: vs forward, eager
     kernel: str | None = "tiles"  # the kernel preset that ran (presets.py); None: naive
     mma: str = "blas"  # how a preset's matmuls rounded (emulate.MMAS)
     block_k_given: bool = False  # --block-k replaced a preset's own tile width
     shown: bool = False  # the kernel named on the screen (a model ran, or --kernel was given)
+    ref_rows: np.ndarray | None = None  # the reference's traced rows, (rows, dv), as queries
 
     @property
     def stored_out(self) -> np.ndarray:
@@ -125,22 +126,26 @@ def attention_report(
     extra = {"kernel": name, "shown": shown}
     if not with_reference:
         return AttentionReport(res, model, notes, split, baseline=base, **extra)
-    errs, ref_row, verdict = _judged(res, model, (q, k, v), opts)
-    return AttentionReport(res, model, notes, split, errs, ref_row, verdict, base, **extra)
+    errs, ref_rows, verdict = _judged(res, model, (q, k, v), opts)
+    return AttentionReport(res, model, notes, split, errs, ref_rows[0], verdict, base,
+                           ref_rows=ref_rows, **extra)
 
 
 def _judged(res: Attention, model: Model | None, qkv: tuple, opts: ScoreOptions) -> tuple:
     """A run against the float64 reference of qkv (the descaled inputs of an FP8 run): its
-    errors, the reference's traced row and, for a model's run, the FlashAttention rule's
-    verdict."""
+    errors, the reference's traced rows ((rows, dv), as res.queries) and, for a model's run,
+    the FlashAttention rule's verdict."""
     ref_out, ref_lse = reference(*qkv, opts)
     errs = errors(res, ref_out, ref_lse)
+    b, h, _ = res.traced
+    queries = res.queries or (res.traced[2],)
     if opts.packing.active:
-        ref_row = traced_row(plan_packing(*qkv, opts.packing), ref_out, res.traced)
+        packed = plan_packing(*qkv, opts.packing)
+        ref_rows = np.stack([traced_row(packed, ref_out, (b, h, i)) for i in queries])
     else:
-        ref_row = row_of(ref_out, res.traced, opts.layout)
+        ref_rows = row_of(ref_out, (b, h, list(queries)), opts.layout)
     verdict = None if model is None else judge_run(model, res, ref_out, ref_lse, *qkv, opts)
-    return errs, ref_row, verdict
+    return errs, ref_rows, verdict
 
 
 def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
@@ -164,8 +169,9 @@ def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
              "shown": shown}
     if not with_reference:
         return AttentionReport(res, model, notes, baseline=base, **extra)
-    errs, ref_row, verdict = _judged(res, model, eff, opts)
-    return AttentionReport(res, model, notes, None, errs, ref_row, verdict, base, **extra)
+    errs, ref_rows, verdict = _judged(res, model, eff, opts)
+    return AttentionReport(res, model, notes, None, errs, ref_rows[0], verdict, base,
+                           ref_rows=ref_rows, **extra)
 
 
 __all__ = ["AttentionReport", "Baseline", "attention_report"]

@@ -55,17 +55,22 @@ class BackwardReport:
 
 
 def _rows(grads: dict, res: Backward, layout: str, packed: Packed | None = None) -> dict:
-    """dQ's traced query row, dK's and dV's traced key row (of the traced sequence when
-    packed is a varlen or paged batch)."""
+    """dQ's traced query row (several traced rows: (rows, d), as res.queries), dK's and dV's
+    traced key row (of the traced sequence when packed is a varlen or paged batch)."""
     b, h, i = res.traced
+    many = len(res.queries) > 1
     out = {}
     for name, g in grads.items():
         if packed is not None:
-            out[name] = (traced_row(packed, g, res.traced) if name == "dq" else
-                         traced_row(packed, g, (b, res.kv_head, i), key=res.traced_key))
+            if name == "dq":
+                rows = [traced_row(packed, g, (b, h, qi)) for qi in res.queries or (i,)]
+                out[name] = np.stack(rows) if many else rows[0]
+            else:
+                out[name] = traced_row(packed, g, (b, res.kv_head, i), key=res.traced_key)
             continue
         g4 = as_bhnd(np.asarray(g), layout, name)
-        out[name] = (g4[b, h, i] if name == "dq" else g4[b, res.kv_head, res.traced_key])
+        out[name] = (g4[b, h, list(res.queries) if many else i] if name == "dq" else
+                     g4[b, res.kv_head, res.traced_key])
     return out
 
 

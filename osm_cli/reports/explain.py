@@ -99,7 +99,10 @@ def attention_lines(step, o_prev: Sequence[float] | None, digits: int = 7) -> li
     if step.masked:
         return ["skipped, not computed: the mask hides its keys; m, l, O unchanged"]
     sum_p = step.l - step.l_prev * step.alpha
+    hidden = math.isinf(step.block_max) and step.block_max < 0 and not step.sink
     lines = [
+        *(["this row sees none of the tile's keys (masked): P = 0, l and O keep their values"]
+          if hidden else []),
         _m_line(step, step.block_max, digits, "tile max"),
         _alpha_line(step, digits),
         f"l = l·α + ΣP = {g(step.l_prev, digits)}·{g(step.alpha, digits)} + {g(sum_p, digits)}"

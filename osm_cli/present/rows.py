@@ -1,0 +1,115 @@
+"""Several traced query rows side by side (`--query 0:4`, `--query 0,2,5`): under each K/V tile
+one line per traced row, so a tile's lines are the m, l and O vectors a kernel holds for its Q
+tile; the rows' outputs beside the reference; backward's dQ_i of each row over the K/V tiles.
+
+The rows' steps are the records' own (Attention.traces, Backward.query_traces: one tuple of
+steps per row, step k of every row the same K/V tile). Long traces elide whole tiles, never a
+tile where any row's m moved.
+Leaves out: the one-row tables (attention.py, backward.py), the arithmetic (explain.py).
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.text import Text
+
+from .format import Table, elided, fit, num
+
+
+def queries_text(queries) -> str:
+    """'queries 0:4' for consecutive rows, 'queries 0, 2, 5' otherwise."""
+    qs = list(queries)
+    if len(qs) > 2 and qs == list(range(qs[0], qs[-1] + 1)):
+        return f"queries {qs[0]}:{qs[-1] + 1}"
+    return "queries " + ", ".join(map(str, qs))
+
+
+def tile_groups(table: Table, traces, show_all: bool, line, unit: str = "tiles") -> Table:
+    """Step k of every row as one group of lines (line(row, k, first) gives a line's cells),
+    a rule under each group; the tiles elided as one trace's rows are (a ⋮ line for each run
+    left out, never a tile where some row's m moved), with a caption saying how many."""
+    n = min(len(tr) for tr in traces)
+    moved = [k for k in range(n) if any(_moved(tr[k]) for tr in traces)]
+    shown = elided(n, show_all, moved)
+    for k in shown:
+        if k is None:
+            table.add_row(*(["⋮"] * len(table.columns)), style="dim", end_section=True)
+            continue
+        for r in range(len(traces)):
+            table.add_row(*line(r, k, r == 0), end_section=r == len(traces) - 1)
+    hidden = n - sum(k is not None for k in shown)
+    if hidden:
+        table.caption = (f"⋮ {hidden} {unit} not shown, where no row's m moved (--all shows "
+                         "every tile)")
+        table.caption_justify = "left"
+        table.caption_style = "dim"
+    return table
+
+
+def _moved(step) -> bool:
+    m, before = getattr(step, "m", None), getattr(step, "m_prev", None)
+    return m is not None and m != before
+
+
+def rows_trace(res, show_all: bool, d: int, o_shown: int, arrows: bool) -> Group:
+    """attention's trace of several rows (res.traces), as attention.trace_table's rows."""
+    from .attention import step_cells, trace_notes, trace_table
+
+    b, h, _ = res.traced
+    steps = [s for tr in res.traces for s in tr]
+    t, cols = trace_table(res, steps, o_shown, query=True)
+
+    def line(r, k, first):
+        cells = step_cells(res.traces[r][k], d, arrows, cols, str(res.queries[r]))
+        if not first and cells[0] != "sink":  # the tile and its keys once, on its first line
+            cells[0] = cells[1] = ""
+        elif not first:
+            cells[0] = ""
+        return cells
+
+    tile_groups(t, res.traces, show_all, line)
+    what = "sequence" if getattr(res, "batch", "") else "batch"
+    title = (f"trace of {what} {b}, head {h}, {queries_text(res.queries)}: start m = -inf, "
+             "l = 0, O = 0\n(a line per row under each tile: the m, l and O vectors a kernel "
+             "holds)")
+    notes = trace_notes(res, res.trace, cols, arrows).replace(
+        "(the row above holds their values before it)", "(the tile above: before it)")
+    return Group(Text(title + notes), t)
+
+
+# rows_output's variants: digits of each row's output, tried until the table fits
+OUTPUT_DIGITS = (10, 8, 7, 6, 5, 4)
+
+
+def rows_output(res, ref_rows, show_all: bool = False, width: int = 100) -> Group:
+    """The traced rows' outputs O / l, a column for each row, and under them each row's
+    largest difference from the float64 reference (ref_rows: (rows, dv), or None)."""
+    if res.trace_outs is None:
+        return Group()
+    outs = res.trace_outs
+    diffs = None if ref_rows is None else [
+        float(abs(o - r).max(initial=0.0)) for o, r in zip(outs, ref_rows, strict=True)]
+
+    def make(digits):
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("j", justify="right")
+        for qi in res.queries:
+            t.add_column(f"query {qi}", justify="right", no_wrap=True)
+        n = outs.shape[-1]
+        shown = elided(n, show_all)
+        for j in shown:
+            if j is None:
+                t.add_row(*(["⋮"] * len(t.columns)), style="dim")
+            else:
+                t.add_row(str(j), *(num(o[j], digits) for o in outs),
+                          end_section=j == shown[-1])
+        if diffs is not None:
+            t.add_row("max |O − ref|", *(num(x, 3) for x in diffs))
+        return Group(Text("output rows O / l, a column a row" + (
+            " (the last line: against float64)" if diffs else "")), t)
+
+    return fit(make, width, OUTPUT_DIGITS)
+
+
+__all__ = ["queries_text", "rows_output", "rows_trace", "tile_groups"]
