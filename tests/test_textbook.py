@@ -95,4 +95,4 @@ def test_the_walk_decides_kinds_stacks_and_the_traced_row():
     assert q_groups(plan) == [(0, 16, 32, 48), (64,)]
     assert q_groups(plan, ragged=True) == [(0, 16, 32, 48, 64)]
     # row 37 of head 1 (the second of its kv group) in the rows 32:64 stacked per head
-    assert plan.locate(32, 64) == (0, 32 + 5) and plan.locate(0, 32) is None
+    assert plan.rows_in(32, 64) == [(37, (0, 32 + 5))] and plan.rows_in(0, 32) == []

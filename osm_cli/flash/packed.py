@@ -28,7 +28,6 @@ import numpy as np
 from osm_cli.errors import InputError, ShapeError
 
 from .names import KV_LAYOUTS
-from .shapes import traced_rows
 
 
 @dataclass(frozen=True)
@@ -232,6 +231,8 @@ def each_sequence(packed: Packed, run, q, k, v, *like_q, trace_at=None) -> list:
     """run(seq, q_b, k_b, v_b, *like_q_b, trace_b) for every sequence: its dense arrays, the
     arrays stored like Q cut to it, and the traced (0, head, queries) in it or None. trace_at is
     (sequence, head, query or queries), the queries counted within its sequence."""
+    from .shapes import traced_rows  # options.py imports this module, and shapes.py options.py
+
     trace_at = traced_rows(trace_at)
     if trace_at is not None:
         b, h, qs = trace_at
