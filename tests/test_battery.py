@@ -13,7 +13,14 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from kernels.planted import BUGS, flash_gqa_causal, flash_plain, flash_varlen, planted
+from kernels.planted import (
+    BUGS,
+    flash_gqa_causal,
+    flash_mods,
+    flash_plain,
+    flash_varlen,
+    planted,
+)
 
 from osm_cli.battery import Case, replay, run
 from osm_cli.battery.cases import inputs
@@ -26,7 +33,7 @@ from osm_cli.testing import assert_battery, battery_cases
 KERNELS = "tests/kernels/planted.py"
 
 
-@pytest.mark.parametrize("kernel", [flash_plain, flash_gqa_causal, flash_varlen],
+@pytest.mark.parametrize("kernel", [flash_plain, flash_gqa_causal, flash_varlen, flash_mods],
                          ids=lambda k: k.__name__)
 def test_correct_kernels_pass_the_quick_battery(kernel):
     rep = run(kernel, arrays="numpy")
@@ -56,6 +63,8 @@ PLANTED = {
     "masked_rows": ("causal,lse", "fa", "bf16", "out", 8),
     "dq_head": ("grad,lse", "fa", "bf16", "dq", 4),
     "varlen_shift": ("varlen,lse", "fa", "bf16", "varlen", 8),
+    "score_mod_unscaled": ("score_mod,lse", "fa", "bf16", "before softmax_scale", 4),
+    "mask_last_tile": ("mask_mod,lse", "fa", "bf16", "ignores mask_mod", 8),
 }
 
 
@@ -243,7 +252,7 @@ def test_cli_passes_fails_and_writes_junit(runner, tmp_path, strict_json):
     ([f"{KERNELS}:missing"], "has no function 'missing'"),
     ([f"{KERNELS}:flash", "--features", "causal,nope"], "unknown feature 'nope'"),
     ([f"{KERNELS}:flash", "--replay", "garbage"], "not a battery case ID"),
-    (["osm:fa2", "--backend", "flash"], "--backend applies to the sdpa target only"),
+    (["osm:fa2", "--backend", "flash"], "--backend applies to the sdpa and flex targets only"),
 ])
 def test_cli_usage_errors_exit_2(runner, args, message):
     res = runner.invoke(app, ["battery", *args, "--arrays", "numpy"])
@@ -269,3 +278,133 @@ def test_torch_cpu_kernels():
     assert f.smallest.failed == ("dq",) and f.smallest.case.nq * f.smallest.case.nk <= 4
     sdpa = run("sdpa", backend="math", cases=1, head_dims="64")
     assert sdpa.cell("causal", "fa-shapes")[0] in ("PASS", "FAIL")
+
+
+def _tutorial_like(q, k, v, softmax_scale=None, causal=False):
+    """A kernel with the Triton tutorial's limits: one N for Q and K, N ≥ 64, N % 16 == 0."""
+    t, s = q.shape[1], k.shape[1]
+    if t != s:
+        raise NotImplementedError(f"N_q = {t} != N_k = {s}: one N_CTX for Q and K")
+    if t < 64 or t % 16:
+        raise RuntimeError("No valid autotuner configs after pruning. `early_config_prune` "
+                           "should return at least one config.")
+    return flash_plain(q, k, v, softmax_scale=softmax_scale, causal=causal)
+
+
+_tutorial_like.osm_features = "causal,lse"
+
+
+def test_refusals_are_told_apart_from_wrong_numbers(runner):
+    rep = run(_tutorial_like, arrays="numpy", head_dims="32")
+    assert rep.refused > 10 and rep.failed == 0 and not rep.passed
+    assert all(r.passed or r.refused for r in rep.results)
+    assert rep.cell("dense", "fa-shapes")[0] == "REFUSED"
+    refused = [f for f in rep.failures if f.smallest.refused]
+    assert {f.smallest.failed for f in refused} == {("refused",)}
+    assert all(f.smallest is f.first for f in refused)  # a refusal is not shrunk
+    res = runner.invoke(app, ["battery", "tests/test_battery.py:_tutorial_like", "--arrays",
+                              "numpy", "--head-dims", "32", "--cases", "2"])
+    assert res.exit_code == 1
+    assert "REFUSED 1: the kernel does not take" in res.stdout
+    words = " ".join(res.stdout.split())
+    assert "kernel said the kernel raised NotImplementedError: N_q = 1 != N_k = 339" in words
+    assert "an unsupported shape, not a wrong number: declare the kernel's limits" in words
+    assert "cases 15: 0 passed, 0 failed, 15 refused by the kernel" in words
+    assert " REFUSED 3/3 " in res.stdout
+    assert res.stderr.startswith("FAIL: 0 of ") and "refused by the kernel" in res.stderr
+
+
+def test_declared_limits_draw_only_what_the_kernel_takes(runner):
+    opts = {"arrays": "numpy", "head_dims": "32", "seqlens": "equal", "min_seqlen": 64,
+            "seqlen_multiple": 16}
+    rep = run(_tutorial_like, **opts)
+    assert rep.passed, [r.message for r in rep.results if not r.passed]
+    assert all(r.case.nq == r.case.nk and r.case.nq >= 64 and r.case.nq % 16 == 0
+               for r in rep.results)
+    assert rep.left_out >= 3  # N_k = 1, one query, rows that see no key
+    assert rep.cell("causal", "fa-shapes")[0] == "PASS"
+    # the same limits from the function's osm_constraints, as a dict or as text
+    for limits in ({"seqlens": "equal", "min_seqlen": 64, "seqlen_multiple": 16},
+                   "seqlens=equal, min_seqlen=64, seqlen_multiple=16"):
+        def attn(q, k, v, **kw):
+            return _tutorial_like(q, k, v, **kw)
+
+        attn.osm_features, attn.osm_constraints = "causal,lse", limits
+        assert [r.case.id for r in run(attn, arrays="numpy", head_dims="32").results] == \
+            [r.case.id for r in rep.results]
+    res = runner.invoke(app, ["battery", "tests/test_battery.py:_tutorial_like", "--arrays",
+                              "numpy", "--head-dims", "32", "--cases", "2", "--seqlens",
+                              "equal", "--min-seqlen", "64", "--seqlen-multiple", "16"])
+    assert res.exit_code == 0, res.output
+    assert "left out by the declared limits" in res.stdout
+    with pytest.raises(InputError, match="unknown constraint 'max_seqlen'"):
+        attn.osm_constraints = {"max_seqlen": 4}
+        run(attn, arrays="numpy")
+    with pytest.raises(InputError, match="seqlens must be one of any, equal"):
+        run(flash_plain, arrays="numpy", seqlens="same")
+
+
+def test_shrinking_keeps_within_the_limits():
+    def wrong(q, k, v, softmax_scale=None, causal=False):
+        out, lse = _tutorial_like(q, k, v, softmax_scale=softmax_scale, causal=causal)
+        return out, lse * np.float32(1 / math.log(2))  # a base-2 LSE
+
+    wrong.osm_features = "causal,lse"
+    rep = run(wrong, arrays="numpy", head_dims="32", seqlens="equal", min_seqlen=64,
+              seqlen_multiple=16, cases=0, max_failures=1)
+    (f,) = rep.failures
+    s = f.smallest.case
+    assert (s.nq, s.nk) == (64, 64) and not f.smallest.refused
+    assert "base 2" in f.smallest.convention
+
+
+@pytest.mark.parametrize("spec", ["b1h2g2-q300k300-d32-bf16-mm.doc.1.120.7.172+causal-s3",
+                                  "b1h2g1-q200k333-d32-bf16-sm.softcap.20-s4",
+                                  "b2h2g2-q190k300-d32-bf16-sm.relbias-mm.prefix.37-s5"])
+def test_mod_cases_replay_and_pass_a_correct_kernel(spec):
+    case = Case.parse(spec)
+    assert case.id == spec and ("score_mod" in case.features or "mask_mod" in case.features)
+    res = replay(flash_mods, spec, arrays="numpy")
+    assert res.passed, res.message
+    with pytest.raises(InputError, match="not a battery mask_mod"):
+        Case.parse("b1h1g1-q3k3-d8-bf16-mm.causal+nope-s1")
+
+
+def test_mod_cases_are_drawn_at_lengths_not_multiples_of_128():
+    decl = Declared(frozenset({"score_mod", "mask_mod", "gqa"}), (64,))
+    mods = [c for c in draw(decl, "quick") if c.score_mod or c.mask_mod]
+    specs = {c.score_mod for c in mods} | {p for c in mods for p in c.mask_mod.split("+")}
+    assert {"softcap.20", "alibi", "relbias", "causal", "sliding.64", "prefix.37",
+            "chunked.48"} <= specs
+    docs = [c for c in mods if "doc" in c.mask_mod]
+    assert any(".1." in c.mask_mod for c in docs)  # a document of length 1
+    assert any(c.score_mod and c.mask_mod.startswith("doc") for c in docs)  # softcap + doc
+    assert all(c.nk % 128 for c in mods if c.klass == "edge")
+    none = draw(Declared(frozenset({"causal"}), (64,)), "quick")
+    assert not any(c.score_mod or c.mask_mod for c in none)
+
+
+def test_torch_kernels_with_mods_and_flex_on_the_cpu():
+    pytest.importorskip("torch", reason="torch is not installed: the torch-CPU kernels skip")
+    from kernels.planted import torch_mods
+
+    rep = run(torch_mods, cases=1, head_dims="32")
+    assert rep.passed, [r.message for r in rep.results if not r.passed]
+    assert rep.cell("mask_mod", "edge") == ("PASS", 0, 8)
+    assert rep.cell("grad", "edge")[0] == "PASS"
+    flex = run("flex", features="score_mod,mask_mod,lse", cases=0, head_dims="32")
+    assert flex.passed, [r.message for r in flex.results if not r.passed]
+    assert flex.cell("score_mod", "edge")[0] == "PASS"
+
+    def flex_block(q, k, v, softmax_scale=None, score_mod=None, block_mask=None):
+        """A user's flex kernel that takes FlexAttention's BlockMask."""
+        from torch.nn.attention.flex_attention import flex_attention
+
+        out, lse = flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                  score_mod=score_mod, block_mask=block_mask,
+                                  scale=softmax_scale, return_lse=True)
+        return out.transpose(1, 2), lse
+
+    flex_block.osm_features = "score_mod,block_mask,lse"
+    res = replay(flex_block, "b1h2g2-q300k300-d32-bf16-mm.doc.1.120.7.172+causal-s3")
+    assert res.passed, res.message

@@ -2,7 +2,8 @@
 or a built-in adapter to a known kernel, each declaring the features it takes.
 
 Built-ins: `sdpa` (torch's scaled_dot_product_attention; backend flash, efficient, cudnn or
-math, on CUDA), `flex` (torch's flex_attention), `flash_attn` (FlashAttention-2's
+math, on CUDA), `flex` (torch's flex_attention with FlexAttention's score_mod and mask_mod;
+backend eager, the default, or compiled: torch.compile'd), `flash_attn` (FlashAttention-2's
 flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache), `flash_attn.cute`
 (FlashAttention-4), `osm:fa2` and `osm:fa4` (osm's own kernel models, numpy: a self-test).
 torch and the kernels' packages are imported only when their adapter is called.
@@ -26,6 +27,8 @@ from osm_cli.errors import InputError
 
 BUILTINS = ("sdpa", "flex", "flash_attn", "flash_attn.cute", "osm:fa2", "osm:fa4")
 BACKENDS = ("flash", "efficient", "cudnn", "math")
+FLEX_BACKENDS = ("eager", "compiled")
+BACKEND_OF = {"sdpa": BACKENDS, "flex": FLEX_BACKENDS}
 
 
 def load(target: str, backend: str | None = None) -> Callable:
@@ -34,7 +37,7 @@ def load(target: str, backend: str | None = None) -> Callable:
     if target in BUILTINS:
         return builtin(target, backend)
     if backend is not None:
-        raise InputError("--backend applies to the sdpa target only")
+        raise InputError("`backend` applies to the sdpa and flex targets only")
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
         raise InputError(f"TARGET must be path/to/file.py:function, package.module:function or "
@@ -80,14 +83,16 @@ def _declare(fn: Callable, features: str, arrays: str = "torch") -> Callable:
 
 
 def builtin(name: str, backend: str | None = None) -> Callable:
-    if backend is not None and name != "sdpa":
-        raise InputError("--backend applies to the sdpa target only")
-    if backend is not None and backend not in BACKENDS:
-        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    if backend is not None and name not in BACKEND_OF:
+        raise InputError("`backend` applies to the sdpa and flex targets only")
+    if backend is not None and backend not in BACKEND_OF[name]:
+        raise InputError(f"backend must be one of {', '.join(BACKEND_OF[name])} for {name}, "
+                         f"not {backend!r}")
     if name == "sdpa":
         return _declare(_sdpa(backend), "causal,gqa,grad")
     if name == "flex":
-        return _declare(_flex, "causal,gqa,window,softcap,alibi,lse,grad")
+        return _declare(_flex(backend == "compiled"),
+                        "causal,gqa,window,softcap,alibi,score_mod,mask_mod,lse,grad")
     if name == "flash_attn":
         return _declare(_flash_attn, "causal,gqa,window,softcap,alibi,varlen,paged,lse,grad")
     if name == "flash_attn.cute":
@@ -128,49 +133,77 @@ def _sdpa(backend: str | None) -> Callable:
     return sdpa
 
 
-def _flex(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-          alibi_slopes=None):
-    """torch's flex_attention: the masks as a mask_mod (bottom-right), softcap and ALiBi as a
-    score_mod; -> (out, lse)."""
-    import warnings
+def _flex(compiled: bool) -> Callable:
+    def flex(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+             alibi_slopes=None, score_mod=None, mask_mod=None):
+        """torch's flex_attention: the masks as a mask_mod (bottom-right) and-ed with the
+        case's mask_mod, softcap and ALiBi as a score_mod before the case's score_mod, in
+        osm's order; -> (out, lse)."""
+        import warnings
 
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
 
-    b, t, h, _ = q.shape
-    s = k.shape[1]
-    left, right = window_size
-    if causal:
-        right = 0
-    off = s - t
+        b, t, h, _ = q.shape
+        s = k.shape[1]
+        left, right = window_size
+        if causal:
+            right = 0
+        off = s - t
 
-    def mask_mod(bb, hh, i, j):
-        ok = j >= 0
-        if right >= 0:
-            ok = ok & (j <= i + off + right)
-        if left >= 0:
-            ok = ok & (j >= i + off - left)
-        return ok
+        def mask_all(bb, hh, i, j):
+            ok = j >= 0
+            if right >= 0:
+                ok = ok & (j <= i + off + right)
+            if left >= 0:
+                ok = ok & (j >= i + off - left)
+            if mask_mod is not None:
+                ok = ok & mask_mod(bb, hh, i, j)
+            return ok
 
-    def score_mod(score, bb, hh, i, j):
-        if softcap:
-            score = softcap * torch.tanh(score / softcap)
-        if alibi_slopes is not None:
-            slope = alibi_slopes[bb, hh] if alibi_slopes.dim() == 2 else alibi_slopes[hh]
-            score = score - slope * (i + off - j).abs()
-        return score
+        def score_all(score, bb, hh, i, j):
+            if softcap:
+                score = softcap * torch.tanh(score / softcap)
+            if alibi_slopes is not None:
+                slope = alibi_slopes[bb, hh] if alibi_slopes.dim() == 2 else alibi_slopes[hh]
+                score = score - slope * (i + off - j).abs()
+            if score_mod is not None:
+                score = score_mod(score, bb, hh, i, j)
+            return score
 
-    block = None
-    if left >= 0 or right >= 0:
-        block = create_block_mask(mask_mod, None, None, t, s, device=q.device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # flex without torch.compile warns that it is unfused
-        out, lse = flex_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            score_mod=score_mod if (softcap or alibi_slopes is not None) else None,
-            block_mask=block, scale=softmax_scale, enable_gqa=k.shape[2] != h,
-            return_lse=True)
-    return out.transpose(1, 2), lse
+        block = None
+        if left >= 0 or right >= 0 or mask_mod is not None:
+            block = create_block_mask(mask_all, None, None, t, s, device=q.device)
+        modded = softcap or alibi_slopes is not None or score_mod is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # flex without torch.compile warns that it is unfused
+            out, lse = _flex_attention(compiled)(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                score_mod=score_all if modded else None, block_mask=block,
+                scale=softmax_scale, enable_gqa=k.shape[2] != h, return_lse=True)
+        return out.transpose(1, 2), lse
+
+    flex.__name__ = "flex_compiled" if compiled else "flex"
+    return flex
+
+
+_COMPILED: list = []
+
+
+def _flex_attention(compiled: bool) -> Callable:
+    """flex_attention, or once torch.compile'd (recompiling as shapes and mods change, with
+    room for every case of a battery)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if not _COMPILED:
+        import torch
+
+        torch._dynamo.config.cache_size_limit = 1024
+        torch._dynamo.config.accumulated_cache_size_limit = 4096
+        _COMPILED.append(torch.compile(flex_attention))
+    return _COMPILED[0]
 
 
 def _flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -250,4 +283,4 @@ def _osm_model(kernel: str) -> Callable:
     return model_kernel
 
 
-__all__ = ["BACKENDS", "BUILTINS", "builtin", "declared_features", "load"]
+__all__ = ["BACKENDS", "BUILTINS", "FLEX_BACKENDS", "builtin", "declared_features", "load"]

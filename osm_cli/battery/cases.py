@@ -21,13 +21,16 @@ import numpy as np
 
 from osm_cli.errors import InputError
 
-# what a kernel may declare (--features); the first eight shape the cases, lse and grad are
-# tensors the kernel returns
-FEATURES = ("causal", "gqa", "window", "softcap", "alibi", "sink", "varlen", "paged", "lse",
-            "grad")
-SHAPING = FEATURES[:8]
+from .modcases import check_spec
+
+# what a kernel may declare (--features): SHAPING shape the cases (score_mod and mask_mod are
+# FlexAttention's functions, modcases.py); block_mask hands the mask over as FlexAttention's
+# BlockMask instead of mask_mod=; lse and grad are tensors the kernel returns
+SHAPING = ("causal", "gqa", "window", "softcap", "alibi", "sink", "varlen", "paged",
+           "score_mod", "mask_mod")
+FEATURES = (*SHAPING, "block_mask", "lse", "grad")
 CLASSES = ("fa-shapes", "edge", "random")  # the report's columns
-ROWS = ("dense", *FEATURES)  # the report's rows: dense = a case with no feature
+ROWS = ("dense", *SHAPING, "lse", "grad")  # the report's rows: dense = a case with no feature
 EDGES = {
     "nokey": "rows that see no key",
     "big": "scores of large magnitude, both signs",
@@ -67,6 +70,8 @@ class Case:
     varlen: bool = False
     page: int = 0  # a paged cache's page size (0: not paged)
     lens: tuple[tuple[int, int], ...] | None = None
+    score_mod: str = ""  # a modcases spec ("softcap.20", "alibi", …); "" none
+    mask_mod: str = ""  # modcases specs joined by + ("doc.1.120+causal"); "" none
     edge: str = ""
     seed: int = 0
     klass: str = "random"  # not part of the ID
@@ -79,7 +84,8 @@ class Case:
         """The shaping features this case exercises."""
         on = {"causal": self.causal, "gqa": self.hkv != self.h, "window": self.window is not None,
               "softcap": self.softcap is not None, "alibi": self.alibi, "sink": self.sink,
-              "varlen": self.varlen, "paged": self.page > 0}
+              "varlen": self.varlen, "paged": self.page > 0,
+              "score_mod": bool(self.score_mod), "mask_mod": bool(self.mask_mod)}
         return tuple(f for f in SHAPING if on[f])
 
     @property
@@ -106,6 +112,10 @@ class Case:
         if self.lens is not None:
             tag = f"p{self.page}" if self.page else "v"
             parts.append(tag + "_" + "_".join(f"{a}.{b}" for a, b in self.lens))
+        if self.score_mod:
+            parts.append(f"sm.{self.score_mod}")
+        if self.mask_mod:
+            parts.append(f"mm.{self.mask_mod}")
         if self.edge:
             parts.append(f"e{self.edge}")
         parts.append(f"s{self.seed}")
@@ -138,6 +148,9 @@ class Case:
                         kw["varlen"] = True
                     else:
                         kw["page"] = int(m[1][1:])
+                elif p.startswith(("sm.", "mm.")):
+                    kind = "score" if p[0] == "s" else "mask"
+                    kw[f"{kind}_mod"] = check_spec(p[3:], kind)
                 elif p.startswith("e") and p[1:] in EDGES:
                     kw["edge"] = p[1:]
                 elif re.fullmatch(r"s\d+", p):

@@ -2,8 +2,11 @@
 
 Three classes, the report's columns: fa-shapes (FlashAttention's own (seqlen_q, seqlen_k)
 pairs, for each declared feature and for none), edge (EDGES, each where a declared feature
-makes it possible) and random (shapes and feature sets drawn from the declared space, so a
+makes it possible, and FlexAttention's built-in score_mods and mask_mods at lengths that are
+not multiples of 128) and random (shapes and feature sets drawn from the declared space, so a
 kernel tuned to a list still meets shapes it never saw). Seeded: one seed gives one list.
+A kernel's declared limits (Limits: N_q = N_k, a least N, N a multiple of M) fit every case to
+them, or leave it out where its point is a shape they forbid.
 Leaves out: the inputs (cases.inputs), running (runner.py).
 
 Example: len(draw(Declared(frozenset({"causal"})), "quick", seed=0)) -> 22
@@ -11,7 +14,7 @@ Example: len(draw(Declared(frozenset({"causal"})), "quick", seed=0)) -> 22
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,15 +34,102 @@ from .cases import (
 BUDGETS = {"quick": 12, "full": 60}  # random cases per budget (--cases overrides)
 PAGE_SIZES = (16, 32)
 SOFTCAPS = (5.0, 15.0)
+SEQLENS = ("any", "equal")
+# edges whose point is a length the limits may forbid: they are left out rather than fitted
+SMALL_EDGES = {"n1": "nk", "q1": "nq"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The shapes a kernel takes (--seqlens, --min-seqlen, --seqlen-multiple, or its
+    osm_constraints): N_q = N_k ("equal"), N ≥ min_seqlen, N a multiple of seqlen_multiple.
+    Each applies to N_q and N_k of a dense batch and to every sequence of a varlen or paged
+    one."""
+
+    seqlens: str = "any"
+    min_seqlen: int = 1
+    seqlen_multiple: int = 1
+
+    def __post_init__(self):
+        if self.seqlens not in SEQLENS:
+            raise InputError(f"seqlens must be one of {', '.join(SEQLENS)}, not "
+                             f"{self.seqlens!r}")
+        for name in ("min_seqlen", "seqlen_multiple"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise InputError(f"{name} must be a whole number of 1 or more, not {x!r}")
+
+    @property
+    def active(self) -> bool:
+        return self != Limits()
+
+    def _n(self, n: int) -> int:
+        n = max(n, self.min_seqlen)
+        return -(-n // self.seqlen_multiple) * self.seqlen_multiple
+
+    def fit(self, case: Case) -> Case | None:
+        """case with its lengths raised to the limits, or None where its point is a shape
+        they forbid (N_k = 1, one query, rows that see no key, lengths ≡ 64 mod 128)."""
+        if not self.active:
+            return case
+        nq, nk = case.nq, case.nk
+        if self.seqlens == "equal":
+            nq = nk = max(nq, nk)
+        nq, nk = self._n(nq), self._n(nk)
+        if case.edge in SMALL_EDGES and {"nq": nq, "nk": nk}[SMALL_EDGES[case.edge]] != 1:
+            return None
+        if case.edge == "mod64" and (nq % 128 != 64 or nk % 128 != 64):
+            return None
+        if case.edge == "nokey" and nq <= nk and not (case.varlen or case.page):
+            return None
+        lens = case.lens
+        if lens is not None:
+            pairs = [(max(a, c),) * 2 if self.seqlens == "equal" else (a, c) for a, c in lens]
+            lens = tuple((self._n(a) if case.varlen else nq, self._n(c)) for a, c in pairs)
+            nq, nk = max(a for a, _ in lens), max(c for _, c in lens)
+        window = case.window
+        if window is not None:
+            window = (min(window[0], nk), min(window[1], nk))
+        return replace(case, nq=nq, nk=nk, lens=lens, window=window)
+
+
+def limits_of(fn=None, seqlens: str | None = None, min_seqlen: int | None = None,
+              seqlen_multiple: int | None = None) -> Limits:
+    """The Limits given (None: the function's osm_constraints, a dict or "seqlens=equal,
+    min_seqlen=64" text, else none)."""
+    raw = getattr(fn, "osm_constraints", None) or {}
+    if isinstance(raw, str):
+        try:
+            raw = dict(item.split("=", 1) for item in raw.replace(" ", "").split(",") if item)
+        except ValueError:
+            raise InputError(f"osm_constraints {raw!r} must be name=value pairs separated by "
+                             "commas (seqlens=equal,min_seqlen=64)") from None
+    if not isinstance(raw, dict):
+        raise InputError("osm_constraints must be a dict or 'name=value,…' text")
+    bad = sorted(set(raw) - {"seqlens", "min_seqlen", "seqlen_multiple"})
+    if bad:
+        raise InputError(f"unknown constraint {bad[0]!r}; known: seqlens, min_seqlen, "
+                         "seqlen_multiple")
+    given = {"seqlens": seqlens, "min_seqlen": min_seqlen, "seqlen_multiple": seqlen_multiple}
+    kw = {n: (given[n] if given[n] is not None else raw.get(n)) for n in given}
+    kw = {n: x for n, x in kw.items() if x is not None}
+    for n in ("min_seqlen", "seqlen_multiple"):
+        if isinstance(kw.get(n), str):
+            try:
+                kw[n] = int(kw[n])
+            except ValueError:
+                raise InputError(f"{n} must be a whole number, not {kw[n]!r}") from None
+    return Limits(**kw)
 
 
 @dataclass(frozen=True)
 class Declared:
-    """What a kernel supports: features (FEATURES), head dims, dtypes."""
+    """What a kernel supports: features (FEATURES), head dims, dtypes, and its shape limits."""
 
     features: frozenset = frozenset()
     head_dims: tuple[int, ...] = (32, 64, 96, 128)
     dtypes: tuple[str, ...] = ("bf16",)
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self):
         bad = sorted(set(self.features) - set(FEATURES))
@@ -54,10 +144,12 @@ class Declared:
 
     @property
     def shaping(self) -> tuple[str, ...]:
-        return tuple(f for f in SHAPING if f in self.features)
+        """The shaping features declared (block_mask stands for mask_mod)."""
+        have = set(self.features) | ({"mask_mod"} if "block_mask" in self.features else set())
+        return tuple(f for f in SHAPING if f in have)
 
     def allows(self, case: Case) -> bool:
-        return set(case.features) <= set(self.features) and case.dtype in self.dtypes
+        return set(case.features) <= set(self.shaping) and case.dtype in self.dtypes
 
 
 class _Maker:
@@ -92,18 +184,57 @@ class _Maker:
 
 
 def draw(declared: Declared, budget: str = "quick", n_random: int | None = None,
-         seed: int = 0) -> list[Case]:
-    """The case list for a kernel that declares `declared` (fa-shapes, edge, random)."""
+         seed: int = 0, fit: bool = True) -> list[Case]:
+    """The case list for a kernel that declares `declared` (fa-shapes, edge, random), fitted
+    to its limits (fit=False: as drawn, before the limits)."""
     if budget not in BUDGETS:
         raise InputError(f"budget must be one of {', '.join(BUDGETS)}, not {budget!r}")
     if n_random is not None and n_random < 0:
         raise InputError(f"the number of random cases must be 0 or more, not {n_random}")
     mk = _Maker(declared, seed)
     shaping = declared.shaping
-    cases = _fa_shapes(mk, shaping, budget) + _edges(mk, shaping, budget)
+    cases = _fa_shapes(mk, shaping, budget) + _edges(mk, shaping, budget) \
+        + _mods(mk, shaping, budget)
     n = BUDGETS[budget] if n_random is None else n_random
     cases += [_random(mk, shaping, budget) for _ in range(n)]
-    return cases
+    if not fit:
+        return cases
+    return [c for c in (declared.limits.fit(c) for c in cases) if c is not None]
+
+
+# FlexAttention's built-ins at lengths that are not multiples of 128 (the block mask's last
+# tiles partial: where flex users report NaN and wrong gradients), and in the full budget at
+# multiples too: (score_mod, mask_mod, N_q, N_k); documents of uneven lengths, one of 1
+MOD_CASES = (
+    ("softcap.20", "", 200, 333),
+    ("alibi", "causal", 257, 257),
+    ("relbias", "", 190, 300),
+    ("", "causal", 300, 300),
+    ("", "causal", 100, 300),
+    ("", "sliding.64", 333, 333),
+    ("", "doc.1.120.7.172+causal", 300, 300),
+    ("", "prefix.37", 300, 300),
+    ("", "chunked.48+causal", 250, 250),
+    ("softcap.20", "doc.50.1.199", 250, 250),
+)
+MOD_CASES_FULL = (
+    ("softcap.30", "causal", 256, 256),
+    ("", "doc.1.255.130.638", 1024, 1024),
+    ("alibi", "sliding.100", 1000, 1000),
+    ("relbias", "prefix.129", 513, 513),
+    ("", "chunked.128", 1023, 1023),
+)
+
+
+def _mods(mk: _Maker, shaping: tuple, budget: str) -> list[Case]:
+    has = set(shaping)
+    out = []
+    for score, mask, t, s in MOD_CASES + (MOD_CASES_FULL if budget == "full" else ()):
+        if (score and "score_mod" not in has) or (mask and "mask_mod" not in has):
+            continue
+        on = ("gqa",) if "gqa" in has and len(out) % 3 == 1 else ()
+        out.append(replace(mk.make("edge", t, s, on), score_mod=score, mask_mod=mask))
+    return out
 
 
 def _fa_shapes(mk: _Maker, shaping: tuple, budget: str) -> list[Case]:
@@ -159,7 +290,8 @@ def _edges(mk: _Maker, shaping: tuple, budget: str) -> list[Case]:
 
 def _random(mk: _Maker, shaping: tuple, budget: str) -> Case:
     rng = mk.rng
-    on = tuple(f for f in shaping if rng.random() < 0.4)
+    modded = {"score_mod", "mask_mod"}
+    on = tuple(f for f in shaping if f not in modded and rng.random() < 0.4)
     if "varlen" in on and "paged" in on:
         on = tuple(f for f in on if f != ("paged" if rng.random() < 0.5 else "varlen"))
     top = 300 if budget == "quick" else 1100
@@ -168,6 +300,15 @@ def _random(mk: _Maker, shaping: tuple, budget: str) -> Case:
     if "gqa" in on:
         hkv = int(rng.choice((1, 2, 4)))
         case = replace(case, h=hkv * int(rng.choice((2, 4, 8))), hkv=hkv)
+    # a score_mod or mask_mod now and then, on a dense batch (FlexAttention takes no varlen)
+    if set(shaping) & modded and not (case.varlen or case.page) and rng.random() < 0.4:
+        score = mask = ""
+        if "score_mod" in shaping and rng.random() < 0.6:
+            score = str(rng.choice(("softcap.20", "alibi", "relbias")))
+        if "mask_mod" in shaping and (not score or rng.random() < 0.5):
+            w = int(rng.integers(1, max(s, 2)))
+            mask = str(rng.choice(("causal", f"sliding.{w}", f"prefix.{w}", f"chunked.{w}")))
+        case = replace(case, score_mod=score, mask_mod=mask)
     return _with_lens(replace(case, lens=None), np.random.default_rng(case.seed))
 
 
@@ -187,6 +328,6 @@ def head_dims_of(text: str | None) -> tuple[int, ...]:
     return dims
 
 
-__all__ = ["BUDGETS", "Declared", "draw", "head_dims_of"]
+__all__ = ["BUDGETS", "SEQLENS", "Declared", "Limits", "draw", "head_dims_of", "limits_of"]
 
 

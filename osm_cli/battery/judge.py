@@ -36,7 +36,8 @@ class Nondeterminism:
 @dataclass(frozen=True)
 class CaseResult:
     """A case's verdict: failed names the failing tensors ("kernel" for an exception or a
-    guard); message is one line; rule, bound and err are the worst failing tensor's."""
+    guard, "refused" for a kernel that said it does not take the case); message is one line;
+    rule, bound and err are the worst failing tensor's."""
 
     case: Case
     failed: tuple[str, ...] = ()
@@ -55,6 +56,11 @@ class CaseResult:
     def passed(self) -> bool:
         return not self.failed
 
+    @property
+    def refused(self) -> bool:
+        """The kernel refused the case (an unsupported shape), as opposed to getting it wrong."""
+        return self.failed == ("refused",)
+
 
 def check_options(case: Case, data: dict) -> dict:
     """osm check's keywords (ScoreOptions fields) for the case: FlashAttention's arrays under
@@ -72,6 +78,14 @@ def check_options(case: Case, data: dict) -> dict:
             opts[osm] = data[fa]
     if case.varlen:
         opts.pop("seqused_k", None)
+    if case.score_mod or case.mask_mod:
+        from .modcases import numpy_mods
+
+        score, mask = numpy_mods(case)
+        if score is not None:
+            opts["score_mod"] = score
+        if mask is not None:
+            opts["mask_mod"] = mask
     return opts
 
 
@@ -83,7 +97,8 @@ def judge(target: Target, case: Case, rule: str = "fa", repeat: int = 1,
     got = call(target, case, data)
     kernel_s = got.seconds
     if got.error:
-        return CaseResult(case, ("kernel",), got.error, rule, kernel_seconds=kernel_s,
+        return CaseResult(case, ("refused" if got.refused else "kernel",), got.error, rule,
+                          kernel_seconds=kernel_s,
                           osm_seconds=time.perf_counter() - t0 - kernel_s)
     nondet = ()
     if repeat > 1:

@@ -3,14 +3,18 @@
 The contract (docs/battery.md): `fn(q, k, v, **kw) -> out` or `(out, lse)`, q, k, v torch
 tensors (numpy arrays without torch or with arrays="numpy") on the device, in layout bnhd
 (FlashAttention's (B, N, H, d)) or bhnd; keywords in FlashAttention's names, only for the
-features the kernel declares and the case uses (softmax_scale always). With grad, q, k, v are
-leaves that require grad and osm calls out.backward(dout); a numpy kernel gives its gradients
-through `fn.osm_backward(q, k, v, out, lse, dout, **kw) -> (dq, dk, dv)`.
+features the kernel declares and the case uses (softmax_scale always); FlexAttention's
+`score_mod=` and `mask_mod=` functions (torch for a torch kernel, numpy for a numpy one), or
+`block_mask=` (FlexAttention's BlockMask) for a kernel that declares block_mask. With grad, q,
+k, v are leaves that require grad and osm calls out.backward(dout); a numpy kernel gives its
+gradients through `fn.osm_backward(q, k, v, out, lse, dout, **kw) -> (dq, dk, dv)`.
 
 Guards: every input (and dout) is hashed before and after (a kernel that writes its inputs
 fails); an output sharing memory with an input fails; a wrong shape or dtype, a missing LSE, or
-an exception is that case's failure with its message. Leaves out: judging (runner.py), loading a
-target (adapters.py).
+an exception is that case's failure with its message; an exception that says the kernel does
+not take the shape (NotImplementedError, an AssertionError, or words such as "not supported",
+"No available kernel", "No valid autotuner configs") is a refusal, reported apart from wrong
+numbers. Leaves out: judging (runner.py), loading a target (adapters.py).
 
 Example: call(target, case, inputs(case)).out.shape
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +52,7 @@ class Target:
     layout: str = "bnhd"
     arrays: str = "torch"
     device: str = "cpu"
+    reference: str = "numpy"  # where osm's reference and baseline are computed (torchref.py)
 
     def has(self, feature: str) -> bool:
         return feature in self.declared.features
@@ -61,7 +67,26 @@ class Call:
     lse: np.ndarray | None = None
     grads: dict = field(default_factory=dict)  # dq, dk, dv
     error: str = ""
+    refused: bool = False  # the error is the kernel saying it does not take this shape
     seconds: float = 0.0
+
+
+# what kernels say when a shape or option is outside what they take (PyTorch's SDPA
+# dispatcher, Triton's autotuner, FlashAttention's and CUTLASS's checks)
+REFUSALS = re.compile(
+    r"not (?:yet )?(?:supported|implemented)|unsupported|no available kernel|no valid "
+    r"autotuner config|only supports?\b|does not support|must be (?:a )?(?:multiple|divisible"
+    r"|at least|at most|equal|one of|<=|>=|less|greater|the same)|should be (?:a )?multiple|"
+    r"(?:is|are) required to be|expected .* to be (?:a )?multiple", re.IGNORECASE)
+
+
+def refusal(exc: BaseException) -> bool:
+    """Whether an exception raised by a kernel says it does not take the case (a refusal)
+    rather than that it broke: NotImplementedError, AssertionError (a kernel's entry checks),
+    or a message in REFUSALS' words."""
+    if isinstance(exc, (NotImplementedError, AssertionError)):
+        return True
+    return bool(REFUSALS.search(str(exc)))
 
 
 def _np_dtype(name: str):
@@ -90,6 +115,17 @@ def kwargs_for(target: Target, case: Case, data: dict, conv: Callable) -> dict:
             kw[name] = conv(data[name])
     if case.varlen:
         kw["max_seqlen_q"], kw["max_seqlen_k"] = data["max_seqlen_q"], data["max_seqlen_k"]
+    if case.score_mod or case.mask_mod:
+        from .modcases import block_mask, kernel_mods
+
+        score, mask = kernel_mods(case, target.arrays, target.device)
+        if score is not None:
+            kw["score_mod"] = score
+        if mask is not None:
+            if target.has("block_mask"):
+                kw["block_mask"] = block_mask(mask, case, target.device)
+            else:
+                kw["mask_mod"] = mask
     return kw
 
 
@@ -157,11 +193,16 @@ def call(target: Target, case: Case, data: dict) -> Call:
     if target.layout == "bhnd" and dense:
         dout = dout.transpose(1, 2).contiguous() if torch_arrays else \
             np.ascontiguousarray(dout.swapaxes(1, 2))
-    kw = kwargs_for(target, case, data, conv)
+    res = Call()
+    try:
+        kw = kwargs_for(target, case, data, conv)
+    except Exception as exc:  # making FlexAttention's block mask can fail on its own
+        res.error = f"osm could not make the case's keywords: {type(exc).__name__}: " \
+                    f"{_one_line(exc)}"
+        return res
     watched = {"q": q, "k": k, "v": v, "dout": dout,
                **{n: x for n, x in kw.items() if n in AUX}}
     before = {n: _digest(x) for n, x in watched.items()}
-    res = Call()
     t0 = time.perf_counter()
     try:
         got = target.fn(q, k, v, **kw)
@@ -177,6 +218,7 @@ def call(target: Target, case: Case, data: dict) -> Call:
             torch.cuda.synchronize()
     except Exception as exc:  # the kernel's own failure is this case's, not the battery's
         res.error = f"the kernel raised {type(exc).__name__}: {_one_line(exc)}"
+        res.refused = refusal(exc)
     res.seconds = time.perf_counter() - t0
     wrote = [n for n, x in watched.items() if _digest(x) != before[n]]
     if wrote and not res.error:

@@ -41,10 +41,36 @@ def _alternatives(case: Case, failed: set, base: str = "e") -> list:
     if case.hkv not in (1, case.h):
         alts.append((f"query head h reads K/V head h % Hkv, not h // (H / Hkv) = h // "
                      f"{case.h // case.hkv}", "gqa_mod", {}, 1.0))
-    for name, off in (("softcap", None), ("alibi", False), ("sink", False), ("window", None)):
-        if getattr(case, name) not in (None, False):
+    for name, off in (("softcap", None), ("alibi", False), ("sink", False), ("window", None),
+                      ("score_mod", ""), ("mask_mod", "")):
+        if getattr(case, name) not in (None, False, ""):
             alts.append((f"the kernel ignores {name}: its output is that of attention "
                          f"without it", ("drop", name, off), {}, 1.0))
+    alts += _mod_alternatives(case)
+    return alts
+
+
+def _mod_alternatives(case: Case) -> list:
+    """A score_mod applied before the scale; a block mask that declares the last, partial
+    K/V tile full (FlexAttention's 128, or 64)."""
+    from .cases import scale_of
+    from .modcases import numpy_mods, tail_unmasked, unscaled
+
+    if not (case.score_mod or case.mask_mod):
+        return []
+    score, mask = numpy_mods(case)
+    alts = []
+    if score is not None:
+        alts.append(("the score_mod is applied to q·k before softmax_scale (FlexAttention "
+                     "applies it to the scaled score)", None,
+                     {"score_mod": unscaled(score, scale_of(case))}, 1.0))
+    if mask is not None:
+        for block in (128, 64):
+            if case.nk % block and case.nk > block:
+                alts.append((f"the mask_mod is not applied on the last K/V tile of {block} "
+                             f"keys (keys {(case.nk - 1) // block * block} to {case.nk - 1}): "
+                             "a block mask that declares that partial tile full", None,
+                             {"mask_mod": tail_unmasked(mask, case.nk, block)}, 1.0))
     return alts
 
 

@@ -1,9 +1,11 @@
 """`run(fn, …) -> BatteryReport`: the battery as a library call, and its report record.
 
-Draws the cases the kernel declares (draw.py), judges each (judge.py; an exception or a
-guard is that case's failure and the battery goes on), groups the failures by the tensors they
-fail and the features they use, shrinks the smallest of each group (shrink.py) and gives the
-table of feature × case class. `replay(fn, ID)` reruns one case with the full check report.
+Draws the cases the kernel declares (draw.py), fitted to its shape limits, judges each
+(judge.py; an exception or a guard is that case's failure and the battery goes on; a refusal,
+the kernel saying it does not take the shape, is counted apart from wrong numbers), groups the
+failures by the tensors they fail and the features they use, shrinks the smallest of each group
+(shrink.py; refusals are not shrunk) and gives the table of feature × case class.
+`replay(fn, ID)` reruns one case with the full check report.
 Leaves out: printing (present/battery.py), the command line (cli/battery.py).
 
 Example: run(planted_kernel, features="causal,lse", budget="quick").passed
@@ -19,7 +21,7 @@ from osm_cli.errors import InputError
 
 from .adapters import declared_features, load
 from .cases import CLASSES, ROWS, Case
-from .draw import Declared, draw, head_dims_of
+from .draw import Declared, draw, head_dims_of, limits_of
 from .judge import RULES, CaseResult, judge
 from .kernel import ARRAYS, DEVICES, LAYOUTS, Target
 from .probe import probe
@@ -56,6 +58,7 @@ class BatteryReport:
     seconds: float
     kernel_seconds: float
     lse_base: str = "e"
+    left_out: int = 0  # cases drawn that the kernel's declared limits left out
 
     @property
     def passed(self) -> bool:
@@ -63,7 +66,13 @@ class BatteryReport:
 
     @property
     def failed(self) -> int:
-        return sum(not r.passed for r in self.results)
+        """Cases that failed: wrong numbers, an error or a guard; refusals not counted."""
+        return sum(not r.passed and not r.refused for r in self.results)
+
+    @property
+    def refused(self) -> int:
+        """Cases the kernel refused as shapes or options it does not take."""
+        return sum(r.refused for r in self.results)
 
     @property
     def osm_seconds(self) -> float:
@@ -71,18 +80,23 @@ class BatteryReport:
         return self.seconds - self.kernel_seconds
 
     def cell(self, row: str, klass: str) -> tuple[str, int, int]:
-        """(state, failed, cases) of one table cell: state PASS, FAIL, skipped (the kernel
-        does not declare the feature) or none (no case of that class uses it)."""
-        if row != "dense" and row not in self.declared.features:
+        """(state, failed, cases) of one table cell: state PASS, FAIL, REFUSED (no case
+        wrong, some refused by the kernel: failed counts those), skipped (the kernel does not
+        declare the feature) or none (no case of that class uses it)."""
+        if row != "dense" and row not in self.declared.shaping + ("lse", "grad") or \
+                row in ("lse", "grad") and row not in self.declared.features:
             return "skipped", 0, 0
         mine = [r for r in self.results if r.case.klass == klass and _in_row(r, row)]
         if row in ("lse", "grad"):
             tensors = ("lse",) if row == "lse" else ("dq", "dk", "dv")
             bad = sum(bool(set(r.failed) & {*tensors, "kernel"}) for r in mine)
         else:
-            bad = sum(not r.passed for r in mine)
+            bad = sum(not r.passed and not r.refused for r in mine)
         if not mine:
             return "none", 0, 0
+        refused = sum(r.refused for r in mine)
+        if not bad and refused:
+            return "REFUSED", refused, len(mine)
         return ("FAIL" if bad else "PASS"), bad, len(mine)
 
     @property
@@ -117,19 +131,23 @@ def _in_row(r: CaseResult, row: str) -> bool:
 
 def target_of(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
               lse_base: str = "e", layout: str = "bnhd", arrays: str | None = None,
-              device: str = "cpu", backend: str | None = None) -> Target:
+              device: str = "cpu", backend: str | None = None, seqlens: str | None = None,
+              min_seqlen: int | None = None, seqlen_multiple: int | None = None) -> Target:
     """A Target from a function (or TARGET text) and the options; the one place they are
-    checked. features: "causal,gqa" text or a collection; None: fn.osm_features."""
+    checked. features: "causal,gqa" text or a collection; None: fn.osm_features. seqlens
+    ("any", "equal": N_q = N_k), min_seqlen, seqlen_multiple: the shapes the kernel takes
+    (None: its osm_constraints, else any)."""
     name = fn if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
     if isinstance(fn, str):
         fn = load(fn, backend)
     elif backend is not None:
-        raise InputError("backend applies to the sdpa target only")
+        raise InputError("`backend` applies to the sdpa and flex targets only")
     feats = (declared_features(fn) or frozenset()) if features is None else \
         parse_list(features)
     dims = head_dims_of(head_dims) if head_dims is None or isinstance(head_dims, str) \
         else tuple(head_dims)
-    declared = Declared(feats, dims, tuple(parse_list(dtypes, ordered=True)))
+    declared = Declared(feats, dims, tuple(parse_list(dtypes, ordered=True)),
+                        limits_of(fn, seqlens, min_seqlen, seqlen_multiple))
     for value, allowed, what in ((lse_base, ("e", "2"), "LSE base"),
                                  (layout, LAYOUTS, "layout"), (device, DEVICES, "device")):
         if value not in allowed:
@@ -166,10 +184,15 @@ def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
         device: str = "cpu", backend: str | None = None, budget: str = "quick",
         cases: int | None = None, seed: int = 0, rule: str = "fa", repeat: int = 1,
         shrinking: bool = True, max_failures: int | None = None,
-        progress: Callable | None = None) -> BatteryReport:
+        progress: Callable | None = None, seqlens: str | None = None,
+        min_seqlen: int | None = None, seqlen_multiple: int | None = None,
+        reference: str = "auto") -> BatteryReport:
     """Drive `fn` through the battery; the report says what passed, what failed and the
     smallest case of each failure. max_failures: stop after that many failing cases (the rest
-    are not run); progress(done, total), if given, is called per case."""
+    are not run); progress(done, total), if given, is called per case. seqlens, min_seqlen,
+    seqlen_multiple: the kernel's shape limits (target_of). reference: where osm computes its
+    float64 reference and plain baseline: "numpy" (on the CPU), "torch" (with torch on the
+    kernel's device), "auto" (torch when the kernel's device is cuda, else numpy)."""
     if rule not in RULES:
         raise InputError(f"rule must be one of {', '.join(RULES)}, not {rule!r}")
     if repeat < 1:
@@ -178,9 +201,14 @@ def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
         raise InputError(f"max failures must be 1 or more, not {max_failures}")
     target = target_of(fn, features=features, head_dims=head_dims, dtypes=dtypes,
                        lse_base=lse_base, layout=layout, arrays=arrays, device=device,
-                       backend=backend)
+                       backend=backend, seqlens=seqlens, min_seqlen=min_seqlen,
+                       seqlen_multiple=seqlen_multiple)
+    target = with_reference(target, reference)
     t0 = time.perf_counter()
-    todo = [c for c in draw(target.declared, budget, cases, seed) if target.declared.allows(c)]
+    decl = target.declared
+    todo = [c for c in draw(decl, budget, cases, seed) if decl.allows(c)]
+    left_out = len([c for c in draw(decl, budget, cases, seed, fit=False)
+                    if decl.allows(c)]) - len(todo)
     results = []
     for i, case in enumerate(todo):
         results.append(judge(target, case, rule, repeat))
@@ -193,7 +221,25 @@ def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
     kernel_s = sum(r.kernel_seconds for r in results) + sum(
         f.smallest.kernel_seconds for f in failures)
     return BatteryReport(target.name, target.declared, rule, budget, seed, tuple(results),
-                         tuple(failures), spent, kernel_s, lse_base)
+                         tuple(failures), spent, kernel_s, lse_base, max(left_out, 0))
+
+
+def with_reference(target: Target, reference: str) -> Target:
+    """target with where osm computes its reference: "numpy", "torch" or "auto"."""
+    from dataclasses import replace
+
+    if reference not in REFERENCES:
+        raise InputError(f"reference must be one of {', '.join(REFERENCES)}, not "
+                         f"{reference!r}")
+    if reference == "auto":
+        reference = "torch" if target.device == "cuda" and target.arrays == "torch" \
+            else "numpy"
+    if reference == "torch" and not _has_torch():
+        raise InputError("reference torch needs torch installed")
+    return replace(target, reference=reference)
+
+
+REFERENCES = ("auto", "numpy", "torch")
 
 
 def _failures(target: Target, results: list, rule: str, budget: str | None) -> list[Failure]:
@@ -202,10 +248,13 @@ def _failures(target: Target, results: list, rule: str, budget: str | None) -> l
         if not r.passed:
             groups.setdefault((_kind(r), r.case.features), []).append(r)
     found: dict = {}  # a shrunk case but for its seed -> [Failure fields]
-    for n, rs in enumerate(sorted(groups.values(), key=len, reverse=True)):
+    shrunk = 0
+    for rs in sorted(groups.values(), key=len, reverse=True):
         first = min(rs, key=lambda r: r.case.size)
         small = first
-        if budget is not None and n < SHRINK_GROUPS[budget]:
+        # a refusal is not shrunk: the smallest refused case drawn says what the kernel refuses
+        if budget is not None and shrunk < SHRINK_GROUPS[budget] and not first.refused:
+            shrunk += 1
             small = shrink(target, first, rule)
             small = probe(target, small)
         key = small.case.id.rsplit("-s", 1)[0]  # the same case but for its seed: one failure
@@ -219,14 +268,16 @@ def _failures(target: Target, results: list, rule: str, budget: str | None) -> l
 def _kind(r: CaseResult) -> str:
     """What a failure is: its worst tensor, or for a kernel failure its message's head (the
     exception's type, or the guard that tripped)."""
-    return r.message.split(":")[0] if r.failed[0] == "kernel" else r.failed[0]
+    if r.failed[0] in ("kernel", "refused"):
+        return r.failed[0] + ": " + r.message.split(":")[0]
+    return r.failed[0]
 
 
 def replay(fn: Callable | str, case_id: str, *, rule: str = "fa", repeat: int = 1,
-           **options) -> CaseResult:
+           reference: str = "auto", **options) -> CaseResult:
     """Rerun exactly the case `case_id` (a replay line's ID) with its full check report."""
     case = Case.parse(case_id)
-    target = target_of(fn, **options)
+    target = with_reference(target_of(fn, **options), reference)
     res = judge(target, case, rule, repeat, top=5)
     return probe(target, res)
 

@@ -35,6 +35,14 @@ def _fix(case: Case) -> Case | None:
 def _drops(case: Case) -> Iterator[Case]:
     if case.edge:
         yield replace(case, edge="")
+    if case.score_mod:
+        yield replace(case, score_mod="")
+    if case.mask_mod:
+        parts = case.mask_mod.split("+")
+        yield replace(case, mask_mod="")
+        if len(parts) > 1:
+            for i in range(len(parts)):
+                yield replace(case, mask_mod="+".join(parts[:i] + parts[i + 1:]))
     if case.varlen or case.page:
         yield replace(case, varlen=False, page=0, lens=None)
     if case.hkv != case.h:
@@ -70,6 +78,9 @@ def _sizes(case: Case, head_dims: tuple[int, ...], halve: bool) -> Iterator[Case
         yield replace(case, nq=nq, lens=_scaled(case.lens, 0, nq, case.nq))
     for nk in down(case.nk, 1):
         yield replace(case, nk=nk, lens=_scaled(case.lens, 1, nk, case.nk))
+    for nq, nk in zip(down(case.nq, 1), down(case.nk, 1), strict=False):  # both: N_q = N_k
+        yield replace(case, nq=nq, nk=nk, lens=_scaled(_scaled(case.lens, 0, nq, case.nq), 1,
+                                                       nk, case.nk))
     smaller = [d for d in head_dims if d < case.d]
     if smaller:
         yield replace(case, d=smaller[0] if halve else smaller[-1])
@@ -82,12 +93,15 @@ def _scaled(lens, axis: int, new: int, old: int):
                        for i, x in enumerate(pair)) for pair in lens)
 
 
-def candidates(case: Case, head_dims: tuple[int, ...]) -> Iterator[Case]:
-    """Smaller cases than `case`, the likeliest-to-help first."""
+def candidates(case: Case, head_dims: tuple[int, ...], limits=None) -> Iterator[Case]:
+    """Smaller cases than `case`, the likeliest-to-help first, within the kernel's limits
+    (draw.Limits) when given."""
     seen = {case.id}
     for group in (_drops(case), _sizes(case, head_dims, True), _sizes(case, head_dims, False)):
         for c in group:
             c = _fix(c)
+            if c is not None and limits is not None:
+                c = limits.fit(c)
             if c is not None and c.id not in seen and c.size <= case.size:
                 seen.add(c.id)
                 yield c
@@ -101,7 +115,7 @@ def shrink(target: Target, failed: CaseResult, rule: str = "fa", steps: int = 48
     improved = True
     while improved and tried < steps:
         improved = False
-        for cand in candidates(best.case, target.declared.head_dims):
+        for cand in candidates(best.case, target.declared.head_dims, target.declared.limits):
             tried += 1
             res = judge(target, cand, rule)
             same = set(res.failed) & want

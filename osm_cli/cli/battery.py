@@ -15,6 +15,7 @@ import typer
 from osm_cli.errors import InputError
 
 from .common import check_outputs, emit_json, err, fail, guarded, out, save
+from .flags import as_flags
 from .options import JsonOpt
 
 
@@ -28,9 +29,12 @@ Base = Enum("Base", [("e", "e"), ("n2", "2")], type=str)
 BLayout = _choices("BLayout", ("bnhd", "bhnd"))
 Arrays = _choices("Arrays", ("torch", "numpy"))
 Device = _choices("Device", ("cpu", "cuda"))
-Backend = _choices("Backend", ("flash", "efficient", "cudnn", "math"))
+Backend = _choices("Backend", ("flash", "efficient", "cudnn", "math", "eager", "compiled"))
 FEATURES_HELP = ("The features the kernel takes, comma-separated: causal, gqa, window, softcap, "
-                 "alibi, sink, varlen, paged, lse, grad (default: the function's osm_features).")
+                 "alibi, sink, varlen, paged, score_mod, mask_mod (FlexAttention's functions), "
+                 "block_mask (the mask as FlexAttention's BlockMask), lse, grad (default: the "
+                 "function's osm_features).")
+Seqlens = _choices("Seqlens", ("any", "equal"))
 
 
 @guarded
@@ -44,6 +48,15 @@ def battery(
         "FlashAttention's test list [default: 32,64,96,128].")] = None,
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Dtypes the kernel takes: bf16, fp16 or bf16,fp16.")] = "bf16",
+    seqlens: Annotated[Seqlens | None, typer.Option(
+        "--seqlens", help="equal: the kernel takes one N for Q and K (N_q = N_k) [default: "
+        "the function's osm_constraints, else any].", show_default=False)] = None,
+    min_seqlen: Annotated[int | None, typer.Option(
+        "--min-seqlen", min=1, metavar="N", help="The least N_q and N_k the kernel takes.",
+        show_default=False)] = None,
+    seqlen_multiple: Annotated[int | None, typer.Option(
+        "--seqlen-multiple", min=1, metavar="M", help="N_q and N_k must be multiples of M.",
+        show_default=False)] = None,
     lse_base: Annotated[Base, typer.Option(
         "--lse-base", help="The base of the kernel's LSE: e (FlashAttention, PyTorch) or 2 "
         "(FlashInfer, Triton's tutorial).")] = Base.e,
@@ -55,7 +68,8 @@ def battery(
         "installed].", show_default=False)] = None,
     device: Annotated[Device, typer.Option("--device", help="Where q, k, v live.")] = Device.cpu,
     backend: Annotated[Backend | None, typer.Option(
-        "--backend", help="sdpa only: the backend to force (CUDA).", show_default=False)] = None,
+        "--backend", help="sdpa: the backend to force (CUDA); flex: eager (the default) or "
+        "compiled (torch.compile).", show_default=False)] = None,
     budget: Annotated[Budget, typer.Option(
         "--budget", help="quick (about 45 cases) or full (all of FlashAttention's pairs).")
     ] = Budget.quick,
@@ -101,7 +115,9 @@ def battery(
     opts = {"features": features, "head_dims": head_dims, "dtypes": dtype,
             "lse_base": lse_base.value, "layout": layout.value,
             "arrays": arrays.value if arrays else None, "device": device.value,
-            "backend": backend.value if backend else None}
+            "backend": backend.value if backend else None,
+            "seqlens": seqlens.value if seqlens else None, "min_seqlen": min_seqlen,
+            "seqlen_multiple": seqlen_multiple}
     check_outputs(junit=junit)
     try:
         target_of(target, **opts)
@@ -110,9 +126,12 @@ def battery(
 
             Case.parse(replay)
     except InputError as exc:
-        fail(str(exc), 2)
+        fail(as_flags(str(exc)), 2)
     again = _replay_command(target, features, lse_base.value, layout.value, arrays,
                             device.value, backend, rule.value)
+    limits = [(f, v) for f, v in (("--seqlens", opts["seqlens"]), ("--min-seqlen", min_seqlen),
+                                  ("--seqlen-multiple", seqlen_multiple)) if v is not None]
+    again += "".join(f" {f} {v}" for f, v in limits)
     if replay is not None:
         res = replay_case(target, replay, rule=rule.value, repeat=repeat, **opts)
         if as_json:
@@ -133,8 +152,9 @@ def battery(
     else:
         out.print(view.battery_report(rep, again))
     if not rep.passed:
-        stopped = max_failures is not None and rep.failed >= max_failures
+        stopped = max_failures is not None and rep.failed + rep.refused >= max_failures
         err.print(f"FAIL: {rep.failed} of {len(rep.results)} cases failed"
+                  + (f", {rep.refused} refused by the kernel" if rep.refused else "")
                   + (" (stopped at --max-failures)" if stopped else ""), markup=False,
                   soft_wrap=True)
         raise typer.Exit(1)

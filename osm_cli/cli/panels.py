@@ -29,8 +29,9 @@ PANELS = {
     "Kernel tensors": ("o_path", "lse", "do", "dq", "dk", "dv", "dq_path", "dk_path",
                        "dv_path", "block_mask"),
     "Cost model": ("seq_len", "head_dim", "heads", "dtype_bytes", "sram"),
-    "Battery": ("features", "head_dims", "arrays", "device", "backend", "budget", "cases", "rule",
-                "repeat", "replay", "max_failures", "no_shrink"),
+    "Battery": ("features", "head_dims", "seqlens", "min_seqlen", "seqlen_multiple", "arrays",
+                "device", "backend", "budget", "cases", "rule", "repeat", "replay",
+                "max_failures", "no_shrink"),
     "Output": ("as_json", "csv", "plot", "svg", "html", "out_path", "lse_path", "top", "junit"),
 }
 # where a command's name means another thing: backward's --lse reads the forward's LSE, cost's

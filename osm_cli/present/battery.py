@@ -1,6 +1,7 @@
-"""osm battery's report: the table of feature × case class (PASS, FAIL n/m, skipped), each
-failure with its smallest case, rule, bound, convention and location and a replay line, the
-totals and the time; the same as a JSON document and as JUnit XML for CI; a replayed case with
+"""osm battery's report: the table of feature × case class (PASS, FAIL n/m, REFUSED n/m,
+skipped), each failure with its smallest case, rule, bound, convention and location and a
+replay line, each kind of refusal (an unsupported shape) with its smallest case, the totals
+and the time; the same as a JSON document and as JUnit XML for CI; a replayed case with
 osm check's full report.
 
 Leaves out: running anything (battery/).
@@ -18,14 +19,15 @@ from rich.text import Text
 from .format import Table, kv_table, pass_fail
 from .verdicts import check_report
 
-STYLE = {"PASS": "bold green", "FAIL": "bold red", "skipped": "dim", "none": "dim"}
+STYLE = {"PASS": "bold green", "FAIL": "bold red", "REFUSED": "bold yellow", "skipped": "dim",
+         "none": "dim"}
 
 
 def _cell(state: str, bad: int, n: int) -> Text:
     if state == "PASS":
         return Text(f"PASS {n}", style=STYLE[state])
-    if state == "FAIL":
-        return Text(f"FAIL {bad}/{n}", style=STYLE[state])
+    if state in ("FAIL", "REFUSED"):
+        return Text(f"{state} {bad}/{n}", style=STYLE[state])
     return Text("skipped" if state == "skipped" else "–", style=STYLE[state])
 
 
@@ -46,6 +48,10 @@ def case_text(case) -> str:
         parts[parts.index("paged")] = f"pages of {case.page}"
     if case.lens is not None:
         parts.append("lengths " + " ".join(f"{a}×{b}" for a, b in case.lens))
+    if case.score_mod:
+        parts[parts.index("score_mod")] = f"score_mod {case.score_mod}"
+    if case.mask_mod:
+        parts[parts.index("mask_mod")] = f"mask_mod {case.mask_mod.replace('+', ' & ')}"
     if case.edge:
         parts.append(f"edge: {case.edge}")
     return ", ".join(parts)
@@ -62,7 +68,21 @@ def battery_report(rep, replay_cmd: str) -> Group:
     for row in rep.rows:
         t.add_row(row, *(_cell(*rep.cell(row, c)) for c in rep.classes))
     parts: list = [head, t]
-    for i, f in enumerate(rep.failures, 1):
+    wrong = [f for f in rep.failures if not f.smallest.refused]
+    for i, f in enumerate((f for f in rep.failures if f.smallest.refused), 1):
+        s = f.smallest
+        feats = ", ".join(f.features) or "dense"
+        parts += [Text.assemble(("REFUSED", "bold yellow"), f" {i}: the kernel does not take "
+                                f"{feats} cases like this"),
+                  kv_table([("smallest case", case_text(s.case)),
+                            ("refused", f"{_n(f.count, 'case')} like it"),
+                            ("kernel said", s.message),
+                            ("if so", "an unsupported shape, not a wrong number: declare the "
+                             "kernel's limits (--seqlens equal, --min-seqlen N, "
+                             "--seqlen-multiple M, --head-dims, --dtype) and the battery "
+                             "draws only what it takes"),
+                            ("replay", f"{replay_cmd} --replay {s.case.id}")])]
+    for i, f in enumerate(wrong, 1):
         s = f.smallest
         lines = [("smallest case", case_text(s.case)),
                  ("failed", ", ".join(s.failed) + f"  ({_n(f.count, 'case')} failed like it)")]
@@ -86,10 +106,14 @@ def battery_report(rep, replay_cmd: str) -> Group:
         for name, (cases, runs, d) in nd.items():
             n.add_row(name, str(cases), str(runs), f"{d:.3g}")
         parts.append(n)
-    passed = len(rep.results) - rep.failed
+    passed = len(rep.results) - rep.failed - rep.refused
+    kinds = len(wrong)
     parts.append(kv_table([
         ("cases", f"{len(rep.results)}: {passed} passed, {rep.failed} failed"
-                  + (f"; {_n(len(rep.failures), 'kind')} of failure" if rep.failures else "")),
+                  + (f", {rep.refused} refused by the kernel" if rep.refused else "")
+                  + (f"; {_n(kinds, 'kind')} of failure" if kinds else "")
+                  + (f"; {rep.left_out} left out by the declared limits" if rep.left_out
+                     else "")),
         ("time", f"{rep.seconds:.1f} s: the kernel {rep.kernel_seconds:.1f} s, osm "
                  f"{rep.osm_seconds:.1f} s"),
         ("verdict", pass_fail(rep.passed)),
@@ -122,7 +146,8 @@ def _num(x):
 
 def result_doc(r) -> dict:
     return {"id": r.case.id, "class": r.case.klass, "features": list(r.case.features),
-            "passed": r.passed, "failed": list(r.failed), "message": r.message,
+            "passed": r.passed, "refused": r.refused, "failed": list(r.failed),
+            "message": r.message,
             "rule": r.rule, "bound": _num(r.bound), "error": _num(r.err), "where": r.where,
             "convention": getattr(r, "convention", ""),
             "nondeterminism": [{"tensor": n.tensor, "runs_differing": n.runs_differing,
@@ -133,11 +158,15 @@ def battery_doc(rep, replay_cmd: str) -> dict:
     """The report as JSON: table cells, failures (with replay lines), every case, times."""
     table = {row: {c: dict(zip(("state", "failed", "cases"), rep.cell(row, c), strict=True))
                    for c in rep.classes} for row in rep.rows}
+    lim = rep.declared.limits
     return {
         "target": rep.target, "features": sorted(rep.declared.features),
         "head_dims": list(rep.declared.head_dims), "dtypes": list(rep.declared.dtypes),
         "rule": rep.rule, "budget": rep.budget, "seed": rep.seed, "lse_base": rep.lse_base,
-        "passed": rep.passed, "cases": len(rep.results), "failed": rep.failed, "table": table,
+        "limits": {"seqlens": lim.seqlens, "min_seqlen": lim.min_seqlen,
+                   "seqlen_multiple": lim.seqlen_multiple},
+        "passed": rep.passed, "cases": len(rep.results), "failed": rep.failed,
+        "refused": rep.refused, "left_out": rep.left_out, "table": table,
         "failures": [{"tensors": list(f.tensors), "features": list(f.features),
                       "count": f.count, "smallest": result_doc(f.smallest),
                       "replay": f"{replay_cmd} --replay {f.replay_id}"} for f in rep.failures],
@@ -148,18 +177,20 @@ def battery_doc(rep, replay_cmd: str) -> dict:
 
 
 def junit_xml(rep) -> str:
-    """JUnit XML: one testcase per case (class = its case class), a <failure> per failing one."""
+    """JUnit XML: one testcase per case (class = its case class), a <failure> per failing one,
+    an <error type="refused"> per case the kernel refused."""
     out = ['<?xml version="1.0" encoding="utf-8"?>',
            f'<testsuite name={quoteattr("osm battery " + rep.target)} '
-           f'tests="{len(rep.results)}" failures="{rep.failed}" errors="0" '
+           f'tests="{len(rep.results)}" failures="{rep.failed}" errors="{rep.refused}" '
            f'time="{rep.seconds:.3f}">']
     for r in rep.results:
         t = r.kernel_seconds + r.osm_seconds
         out.append(f'  <testcase classname={quoteattr(r.case.klass)} name={quoteattr(r.case.id)}'
                    f' time="{t:.3f}"' + ("/>" if r.passed else ">"))
         if not r.passed:
-            out.append(f"    <failure message={quoteattr(r.message)}>"
-                       f"{escape(r.where)}</failure>")
+            tag = 'error type="refused"' if r.refused else "failure"
+            out.append(f"    <{tag} message={quoteattr(r.message)}>"
+                       f"{escape(r.where)}</{tag.split()[0]}>")
             out.append("  </testcase>")
     out.append("</testsuite>")
     return "\n".join(out) + "\n"

@@ -40,6 +40,9 @@ BUGS = {
     "masked_rows": "gives a row that sees no key the mean of V instead of 0",
     "dq_head": "multiplies head 0's dQ by 1.1",
     "varlen_shift": "reads sequence b's keys from cu_seqlens_k[b] + 1 (one row late)",
+    "score_mod_unscaled": "applies score_mod to q·k before softmax_scale, not after",
+    "mask_last_tile": "skips mask_mod on the last K/V tile when it is partial (a block mask "
+                      "that declares that tile full)",
 }
 
 
@@ -93,8 +96,10 @@ def _visible(t: int, s: int, i0: int, i1: int, j0: int, j1: int, causal: bool, w
     return ok
 
 
-def _attend(q, k, v, scale, causal, window, softcap, slopes, sink, bug):
-    """One sequence: q (t, H, d), k, v (s, Hkv, d) float32 -> o (t, H, d), lse (H, t)."""
+def _attend(q, k, v, scale, causal, window, softcap, slopes, sink, bug, score_mod=None,
+            mask_mod=None, b=0):
+    """One sequence (batch b): q (t, H, d), k, v (s, Hkv, d) float32 -> o (t, H, d), lse
+    (H, t); score_mod and mask_mod FlexAttention's, on numpy index arrays."""
     t, h, d = q.shape
     s, hk = k.shape[0], k.shape[1]
     group = h // max(hk, 1)
@@ -124,6 +129,18 @@ def _attend(q, k, v, scale, causal, window, softcap, slopes, sink, bug):
             if slopes is not None:
                 dist = np.abs(np.arange(i0, i1)[:, None] + s - t - np.arange(j0, j1)[None, :])
                 sc = sc - slopes[:, None, None].astype(np.float32) * dist.astype(np.float32)
+            idx = (np.asarray(b), np.arange(h)[:, None, None], np.arange(i0, i1)[None, :, None],
+                   np.arange(j0, j1)[None, None, :])
+            if score_mod is not None:
+                if bug == "score_mod_unscaled":
+                    sc = np.float32(scale) * score_mod(sc / np.float32(scale), *idx)
+                else:
+                    sc = score_mod(sc, *idx)
+                sc = np.asarray(sc, np.float32)
+            if mask_mod is not None and not (bug == "mask_last_tile" and kj == n_k - 1
+                                             and s % BLOCK):
+                seen_mod = np.broadcast_to(mask_mod(*idx), sc.shape)
+                vis = seen_mod if vis is None else vis & seen_mod
             if vis is not None:
                 sc = np.where(vis, sc, np.float32(-np.inf))
             if softcap and bug == "softcap_after_mask":
@@ -168,8 +185,8 @@ def _slopes_for(alibi_slopes, b: int):
 
 def flash_numpy(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                 alibi_slopes=None, learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, page_table=None, *,
-                bug: str | None = None):
+                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, page_table=None,
+                score_mod=None, mask_mod=None, *, bug: str | None = None):
     """FlashAttention's forward, blockwise with the online softmax; -> (out, lse)."""
     d = np.shape(q)[-1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
@@ -183,7 +200,7 @@ def flash_numpy(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
     lse = np.zeros((h, np.shape(q)[0]) if varlen else (len(qs), h, np.shape(q)[1]), np.float32)
     for b, ((qb, where), (kb, vb)) in enumerate(zip(qs, ks, strict=True)):
         o, l = _attend(qb, kb, vb, scale, causal, window, softcap or None,
-                       _slopes_for(alibi_slopes, b), learnable_sink, bug)
+                       _slopes_for(alibi_slopes, b), learnable_sink, bug, score_mod, mask_mod, b)
         out[where] = o
         if varlen:
             lse[:, where] = l
@@ -248,11 +265,14 @@ flash = planted(None)
 flash_plain = planted(None, "lse")  # no features: dense, MHA
 flash_gqa_causal = planted(None, "causal,gqa,lse")
 flash_varlen = planted(None, "causal,gqa,varlen,lse")
+flash_mods = planted(None, "causal,gqa,score_mod,mask_mod,lse")
 
 
-def flash_torch(q, k, v, softmax_scale=None, causal=False, *, bug: str | None = None):
+def flash_torch(q, k, v, softmax_scale=None, causal=False, score_mod=None, mask_mod=None, *,
+                bug: str | None = None):
     """The same blockwise loop in torch (float32 accumulation), differentiable by autograd;
-    dense (B, N, H, d) with causal and GQA. -> (out, lse)"""
+    dense (B, N, H, d) with causal, GQA and FlexAttention's score_mod / mask_mod (torch
+    functions on broadcast index tensors). -> (out, lse)"""
     import torch
 
     b, t, h, d = q.shape
@@ -273,6 +293,13 @@ def flash_torch(q, k, v, softmax_scale=None, causal=False, *, bug: str | None = 
         for j0 in range(0, s, BLOCK):
             j1 = min(j0 + BLOCK, s)
             sc = qh[:, :, i0:i1] @ kh[:, :, j0:j1].transpose(-1, -2) * scale
+            idx = (torch.arange(b)[:, None, None, None], torch.arange(h)[None, :, None, None],
+                   torch.arange(i0, i1)[None, None, :, None],
+                   torch.arange(j0, j1)[None, None, None, :])
+            if score_mod is not None:
+                sc = score_mod(sc, *idx)
+            if mask_mod is not None:
+                sc = sc.masked_fill(~mask_mod(*idx).expand(sc.shape), -math.inf)
             if causal:
                 vis = torch.from_numpy(_visible(t, s, i0, i1, j0, j1, True, None, bug))
                 sc = sc.masked_fill(~vis, -math.inf)
@@ -328,3 +355,4 @@ def planted_torch(bug: str | None = None, features: str = "causal,gqa,lse,grad")
 
 
 torch_correct = planted_torch(None)
+torch_mods = planted_torch(None, "causal,gqa,score_mod,mask_mod,lse,grad")
