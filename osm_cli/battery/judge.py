@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,6 +51,7 @@ class CaseResult:
     kernel_seconds: float = 0.0
     osm_seconds: float = 0.0
     report: object = None  # osm check's CheckReport (replay renders it); None after an error
+    reference: str = "numpy"  # where the reference and baseline were computed: numpy, torch
 
     @property
     def passed(self) -> bool:
@@ -104,19 +105,32 @@ def judge(target: Target, case: Case, rule: str = "fa", repeat: int = 1,
     if repeat > 1:
         nondet, more = _reruns(target, case, data, got, repeat)
         kernel_s += more
-    res = verdict(case, data, got, rule, top)
+    base = _torch_baseline(target, case, data, got) if target.reference == "torch" else None
+    res = verdict(case, data, got, rule, top, baseline=base)
+    if base is not None:
+        res = replace(res, reference="torch")
     return _timed(res, nondet, kernel_s, time.perf_counter() - t0 - kernel_s)
 
 
-def _timed(res: CaseResult, nondet, kernel_s: float, osm_s: float) -> CaseResult:
-    from dataclasses import replace
+def _torch_baseline(target: Target, case: Case, data: dict, got: Call) -> dict | None:
+    """The reference and baseline with torch on the kernel's device, or None (the numpy path
+    stands in) where torch cannot make them there, out of memory say."""
+    from .torchref import baseline
 
+    try:
+        return baseline(case, data, target.device, grads=bool(got.grads))
+    except Exception:  # noqa: BLE001 - the numpy reference is always there to fall back on
+        return None
+
+
+def _timed(res: CaseResult, nondet, kernel_s: float, osm_s: float) -> CaseResult:
     return replace(res, nondeterminism=nondet, kernel_seconds=kernel_s, osm_seconds=osm_s)
 
 
 def verdict(case: Case, data: dict, got: Call, rule: str = "fa", top: int = 3,
-            **overrides) -> CaseResult:
-    """osm check on the call's tensors; overrides change check's options (the probe)."""
+            baseline: dict | None = None, **overrides) -> CaseResult:
+    """osm check on the call's tensors; overrides change check's options (the probe);
+    baseline: the reference and plain attention made elsewhere (torchref.py)."""
     from osm_cli.precision.check import check
 
     dt = _np_dtype(case.dtype)
@@ -127,7 +141,7 @@ def verdict(case: Case, data: dict, got: Call, rule: str = "fa", top: int = 3,
     lse = got.lse
     try:
         rep = check(got.out, q, k, v, dt, lse=lse, top=top, with_model=rule == "model",
-                    **grads, **{**check_options(case, data), **overrides})
+                    baseline=baseline, **grads, **{**check_options(case, data), **overrides})
     except OsmError as exc:
         return CaseResult(case, ("kernel",), f"osm check refused the output: {exc}", rule)
     return _read(case, rep, rule)

@@ -95,15 +95,17 @@ def numpy_mods(case):
     return score, (mods.all_of(*masks) if masks else None)
 
 
-def kernel_mods(case, arrays: str, device: str = "cpu"):
+def kernel_mods(case, arrays: str, device: str = "cpu", precise: bool = False):
     """(score_mod, mask_mod) as the kernel is handed them: numpy functions for a numpy kernel
-    (osm's own), torch functions with their tables on `device` for a torch one."""
+    (osm's own), torch functions with their tables on `device` for a torch one (float32
+    tables, as a kernel holds them; precise: float64, for osm's torch reference)."""
     if arrays == "numpy":
         score, mask = numpy_mods(case)
         return (None if score is None else score.fn), (None if mask is None else mask.fn)
     import torch
 
     p = {n: torch.as_tensor(x, device=device) for n, x in _params(case).items()}
+    real = torch.float64 if precise else torch.float32
     score = None
     if case.score_mod.startswith("softcap"):
         cap = float(case.score_mod.split(".", 1)[1])
@@ -111,12 +113,12 @@ def kernel_mods(case, arrays: str, device: str = "cpu"):
         def score(s, b, h, q_idx, kv_idx):
             return cap * torch.tanh(s / cap)
     elif case.score_mod == "alibi":
-        slopes = p["slopes"].to(torch.float32)
+        slopes = p["slopes"].to(real)
 
         def score(s, b, h, q_idx, kv_idx):
             return s + slopes[h] * (kv_idx - q_idx)
     elif case.score_mod == "relbias":
-        table, mid = p["table"].to(torch.float32), p["table"].shape[1] // 2
+        table, mid = p["table"].to(real), p["table"].shape[1] // 2
 
         def score(s, b, h, q_idx, kv_idx):
             return s + table[h, q_idx - kv_idx + mid]

@@ -116,7 +116,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
           with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
           kernel: str | None = None, mma: str = "blas", descale=None, rule: str = "fa",
           lse_base: str = "e", probe: bool = True, rules_table: bool = False,
-          **options) -> CheckReport:
+          baseline: dict | None = None, **options) -> CheckReport:
     """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
 
     dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
@@ -160,7 +160,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
             DTYPES["bfloat16"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]):
         raise OsmError(f"OUT has dtype {out.dtype}; a kernel's output is floating point")
     eq, ek, ev = (q, k, v) if descale is None else descaled_inputs(q, k, v, descale, opts)
-    ref, ref_lse = reference(eq, ek, ev, opts)
+    base = baseline or {}
+    ref, ref_lse = (base["ref"], base["ref_lse"]) if base else reference(eq, ek, ev, opts)
     if out.shape != ref.shape:
         raise OsmError(f"OUT has shape {tuple(out.shape)}; attention of Q {tuple(np.shape(q))}, "
                        f"K {tuple(np.shape(k))}, V {tuple(np.shape(v))} gives {tuple(ref.shape)}")
@@ -170,7 +171,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
         lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
         if str(lse_base) == "2":
             lse = np.asarray(lse, dtype=np.float64) * math.log(2.0)
-    pt, pt_lse = plain(eq, ek, ev, dt, opts)
+    pt, pt_lse = (base["pt"], base["pt_lse"]) if base else plain(eq, ek, ev, dt, opts)
     ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
     lse_err = None if lse is None else lse_errors(lse, ref_lse)
     model_err, name, mres, beside = None, None, None, {}
@@ -194,7 +195,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
         from .gradcheck import check_grads  # the backward's reference, only when judged
 
         grads = check_grads(q, k, v, rounded[3], dt, given, opts, top=top,
-                            with_model=with_model, rule=grad_rule, kernel=name, mma=mma)
+                            with_model=with_model, rule=grad_rule, kernel=name, mma=mma,
+                            refs=base.get("grads"), pts=base.get("grad_pts"))
     rep = CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
                       int(np.count_nonzero(over)), int(over.size),
                       "" if verdict.passed else _hint(out, dt), grads, name, mma)

@@ -61,9 +61,11 @@ class GradCheck:
 
 def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, top: int = 5,
                 with_model: bool = True, rule: str = "fa3", refs: dict | None = None,
-                kernel: str | None = None, mma: str = "blas") -> tuple[GradCheck, ...]:
+                kernel: str | None = None, mma: str = "blas",
+                pts: dict | None = None) -> tuple[GradCheck, ...]:
     """Judge each gradient of `given` (dq, dk, dv: the kernel's) for dtype-valued q, k, v, do;
-    refs, if the caller has them, are the float64 gradients (reference_backward's). The model
+    refs and pts, if the caller has them, are the float64 gradients (reference_backward's)
+    and plain same-dtype attention's (plain_backward's). The model
     beside them is flash_backward with `kernel`'s forward (its default: the dtype's)."""
     from .check import view_of, worst  # check.py judges the output and calls here
 
@@ -76,7 +78,8 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
             like = {"dq": "Q", "dk": "K", "dv": "V"}[name]
             raise OsmError(f"{LABELS[name]} has shape {tuple(np.shape(g))}; it must be shaped "
                            f"like {like}, {tuple(refs[name].shape)}")
-    pts = dict(zip(GRADS, plain_backward(q, k, v, do, dt, opts), strict=True))
+    if pts is None:
+        pts = dict(zip(GRADS, plain_backward(q, k, v, do, dt, opts), strict=True))
     mod = None
     if with_model:
         fb = flash_backward(model(dtype_name(dt)), q, k, v, do, opts=opts, trace_at=None,

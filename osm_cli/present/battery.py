@@ -114,11 +114,23 @@ def battery_report(rep, replay_cmd: str) -> Group:
                   + (f"; {_n(kinds, 'kind')} of failure" if kinds else "")
                   + (f"; {rep.left_out} left out by the declared limits" if rep.left_out
                      else "")),
+        *_reference_line(rep),
         ("time", f"{rep.seconds:.1f} s: the kernel {rep.kernel_seconds:.1f} s, osm "
                  f"{rep.osm_seconds:.1f} s"),
         ("verdict", pass_fail(rep.passed)),
     ]))
     return Group(*parts)
+
+
+def _reference_line(rep) -> list:
+    """Where osm's reference ran, when it was torch's (numpy's, the default, says nothing)."""
+    on = sum(r.reference == "torch" for r in rep.results)
+    if not on:
+        return []
+    rest = len(rep.results) - on
+    return [("reference", f"float64 with torch on the kernel's device ({on} cases"
+             + (f"; {rest} on numpy: torch could not, or the kernel failed first)" if rest
+                else ")"))]
 
 
 def replay_report(res, target: str) -> Group:
@@ -149,7 +161,7 @@ def result_doc(r) -> dict:
             "passed": r.passed, "refused": r.refused, "failed": list(r.failed),
             "message": r.message,
             "rule": r.rule, "bound": _num(r.bound), "error": _num(r.err), "where": r.where,
-            "convention": getattr(r, "convention", ""),
+            "convention": getattr(r, "convention", ""), "reference": r.reference,
             "nondeterminism": [{"tensor": n.tensor, "runs_differing": n.runs_differing,
                                 "max_diff": _num(n.max_diff)} for n in r.nondeterminism]}
 
