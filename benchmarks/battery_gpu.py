@@ -1,16 +1,20 @@
 """Run `osm battery` on a CUDA GPU against real kernels and keep what it reports.
 
-Targets, in this order, until --deadline-s: the fused-attention kernel of triton-lang/triton's
-python/tutorials/06-fused-attention.py (loaded from --triton PATH, never committed here: its
-`attention(q, k, v, causal, sm_scale)` takes (B, H, N, d) with N_q = N_k, fp16), PyTorch's SDPA
-backends (flash, efficient, cudnn, math; causal bottom-right through causal_lower_right, GQA
-through enable_gqa, gradients), torch's flex_attention (eager), and FlashAttention-4
-(flash_attn.cute) when it imports. Every battery's table is appended to OUT/battery.txt (with
-the command it stands for) and its JSON document to OUT/battery.json, as each ends, and a
-summary line printed. osm judges on the CPU (its float64 reference in
-numpy); the kernels run on the GPU.
+Targets, in this order, until --deadline-s: PyTorch's SDPA flash backend (causal bottom-right
+through causal_lower_right, GQA through enable_gqa, gradients); torch's flex_attention (eager,
+with every feature it takes: the masks, softcap, ALiBi, FlexAttention's score_mod and mask_mod,
+LSE, gradients); FlashAttention-4 (flash_attn.cute, from --site, where its wheels were
+unpacked) with causal, GQA, window, softcap, sink, varlen, LSE and gradients; the
+fused-attention kernel of triton-lang/triton's python/tutorials/06-fused-attention.py (loaded
+from --triton PATH, never committed here: its `attention(q, k, v, causal, sm_scale)` takes
+(B, H, N, d), fp16, one N for Q and K that is a multiple of 128, declared as its limits);
+SDPA's efficient, cudnn and math backends; and flex_attention torch.compile'd (bf16,
+score_mod and mask_mod cases). osm's float64 reference and baseline run with torch on the GPU
+(the battery's reference "auto"). Every battery's table is appended to OUT/battery.txt (with the
+command it stands for) and its JSON document to OUT/battery.json, as each ends, and a
+summary line printed; OUT/versions.txt says what ran.
 
-    python benchmarks/battery_gpu.py --triton gpu-battery/06-fused-attention.py --out $OUT
+    python benchmarks/battery_gpu.py --triton 06-fused-attention.py --site /tmp/site --out $OUT
 
 Works on a CPU too (--device cpu: the math backend and flex only), which is how it is tested
 before a GPU run.
@@ -44,24 +48,57 @@ def triton_tutorial(path: str):
         return mod.attention(*t, causal, scale).transpose(1, 2)
 
     attn.osm_features = "causal,grad"
+    # one N_CTX for Q and K; its backward asserts N_CTX % 128 == 0 and loads whole blocks of
+    # 128 rows, and its forward loads whole K/V blocks without a bound check
+    attn.osm_constraints = {"seqlens": "equal", "min_seqlen": 128, "seqlen_multiple": 128}
     attn.__name__ = "triton_tutorial"
     return attn
 
 
 def targets(args) -> list:
-    """(name, fn or TARGET, options) in the order they run."""
+    """(name, fn or TARGET, options, budget) in the order they run."""
     cuda = args.device == "cuda"
     both = {"dtypes": "bf16,fp16", "device": args.device, "head_dims": "64,128"}
     out = []
+    backends = ("flash", "efficient", "cudnn", "math") if cuda else ("math",)
+    out.append((f"sdpa_{backends[0]}", "sdpa", {**both, "backend": backends[0]}, args.budget))
+    out.append(("flex", "flex", both, args.budget))
+    if cuda and importlib.util.find_spec("flash_attn") is not None:
+        out.append(("flash_attn_cute", "flash_attn.cute", both, args.budget))
     if args.triton:
         out.append(("triton_tutorial", triton_tutorial(args.triton),
-                    {"dtypes": "fp16", "device": args.device, "head_dims": "64,128"}))
-    for backend in (("flash", "efficient", "cudnn", "math") if cuda else ("math",)):
-        out.append((f"sdpa_{backend}", "sdpa", {**both, "backend": backend}))
-    out.append(("flex", "flex", {**both, "features": "causal,gqa,window,softcap,alibi,lse"}))
-    if cuda and importlib.util.find_spec("flash_attn") is not None:
-        out.append(("flash_attn_cute", "flash_attn.cute", both))
+                    {"dtypes": "fp16", "device": args.device, "head_dims": "64,128"},
+                    args.triton_budget))
+    for backend in backends[1:]:
+        out.append((f"sdpa_{backend}", "sdpa", {**both, "backend": backend}, args.budget))
+    if cuda:
+        out.append(("flex_compiled", "flex", {"dtypes": "bf16", "device": args.device,
+                                              "head_dims": "64", "backend": "compiled",
+                                              "features": "score_mod,mask_mod,lse,grad"},
+                    "quick"))
     return out
+
+
+def versions() -> str:
+    import platform
+
+    lines = [f"python {platform.python_version()}"]
+    for mod in ("torch", "triton", "numpy", "flash_attn", "cutlass", "quack"):
+        try:
+            m = importlib.import_module(mod)
+            lines.append(f"{mod} {getattr(m, '__version__', '?')}")
+        except Exception as exc:  # noqa: BLE001 - a version line, whatever went wrong
+            lines.append(f"{mod}: not importable ({type(exc).__name__})")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            lines.append(f"gpu {torch.cuda.get_device_name()} (capability "
+                         f"{torch.cuda.get_device_capability()}), CUDA {torch.version.cuda}, "
+                         f"cuDNN {torch.backends.cudnn.version()}")
+    except ImportError:
+        pass
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -70,10 +107,16 @@ def main() -> None:
     ap.add_argument("--out", default=".", help="folder for battery.txt and battery.json")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--budget", default="quick", choices=("quick", "full"))
+    ap.add_argument("--triton-budget", default="quick", choices=("quick", "full"))
+    ap.add_argument("--site", action="append", help="a folder holding FA4's unpacked wheels")
     ap.add_argument("--cases", type=int, default=None)
     ap.add_argument("--deadline-s", type=float, default=360.0)
     ap.add_argument("--only", nargs="*", help="names of targets to run")
     args = ap.parse_args()
+    import site
+
+    for d in args.site or []:
+        site.addsitedir(d)
     from osm_cli.battery import run
     from osm_cli.present.battery import battery_doc, battery_report
     from osm_cli.present.console import as_text
@@ -81,9 +124,11 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "versions.txt").write_text(versions())
+    print(versions(), flush=True)
     start = time.perf_counter()
     docs: dict = {}
-    for name, fn, opts in targets(args):
+    for name, fn, opts, budget in targets(args):
         if args.only and name not in args.only:
             continue
         left = args.deadline_s - (time.perf_counter() - start)
@@ -94,8 +139,12 @@ def main() -> None:
                  "backend": "--backend", "features": "--features"}
         what = fn if isinstance(fn, str) else f"benchmarks/battery_gpu.py:{name} (adapter)"
         cmd = f"osm battery {what} " + " ".join(f"{flags[k]} {v}" for k, v in opts.items())
+        cmd += f" --budget {budget}"
+        if not isinstance(fn, str):
+            cmd += "".join(f" --{k.replace('_', '-')} {v}"
+                           for k, v in getattr(fn, "osm_constraints", {}).items())
         try:
-            rep = run(fn, budget=args.budget, cases=args.cases, **opts)
+            rep = run(fn, budget=budget, cases=args.cases, **opts)
         except Exception as exc:  # an adapter that cannot start: say so, go on
             print(f"{name}: could not run: {type(exc).__name__}: {exc}", flush=True)
             continue
@@ -105,8 +154,11 @@ def main() -> None:
         (out / "battery.json").write_text(dumps(docs))
         kinds = "; ".join(f"{', '.join(f.tensors)} @ {f.smallest.case.id}: {f.smallest.message}"
                           for f in rep.failures[:3])
-        print(f"{name}: {len(rep.results)} cases, {rep.failed} failed, kernel "
-              f"{rep.kernel_seconds:.1f} s, osm {rep.osm_seconds:.1f} s. {kinds}", flush=True)
+        torch_ref = sum(r.reference == "torch" for r in rep.results)
+        print(f"{name}: {len(rep.results)} cases, {rep.failed} failed, {rep.refused} refused, "
+              f"{rep.seconds:.1f} s: kernel {rep.kernel_seconds:.1f} s, osm "
+              f"{rep.osm_seconds:.1f} s (reference on torch for {torch_ref}). {kinds}",
+              flush=True)
     print(json.dumps({"seconds": round(time.perf_counter() - start, 1)}))
 
 

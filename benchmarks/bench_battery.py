@@ -2,11 +2,13 @@
 the plain same-dtype baseline, the judgement, shrinking and probing, beside the kernel's time.
 
 The issue's goal: osm's work for `--budget quick` ≤ 60 s on 2 CPU cores with a torch-CPU
-kernel. The kernel here is torch's scaled_dot_product_attention (the `sdpa` adapter, math
-backend on the CPU: a real torch kernel) declaring causal and GQA, then a correct numpy kernel
-(tests/kernels/planted.py) declaring every feature but grad, then one planted bug (shrinking
-and probing included). Prints seconds and the ratio to the goal, measured in this run; on a
-shared machine the ratio is what to read, not the seconds.
+kernel with gradients. The kernels: tests/kernels/planted.py's flash_torch (a blockwise torch
+kernel, gradients by autograd) declaring causal, GQA, score_mod, mask_mod, LSE and grad; torch's
+scaled_dot_product_attention (the `sdpa` adapter, math backend on the CPU) declaring causal,
+GQA and grad; a correct numpy kernel declaring every feature but grad; and one planted bug
+(shrinking and probing included). With --device cuda, osm's reference runs with torch on the
+GPU (benchmarks/battery_gpu.py does the GPU runs). Prints seconds and the ratio to the goal,
+measured in this run; on a shared machine the ratio is what to read, not the seconds.
 
     python benchmarks/bench_battery.py [--device cuda] [--budget quick|full]
 """
@@ -30,7 +32,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
-    from kernels.planted import planted
+    from kernels.planted import planted, torch_mods
 
     from osm_cli.battery import run
 
@@ -38,6 +40,7 @@ def main() -> None:
     try:
         import torch  # noqa: F401
 
+        runs.append(("flash_torch (causal,gqa,mods,lse,grad)", torch_mods, {"arrays": "torch"}))
         runs.append(("sdpa (torch math, causal,gqa,grad)", "sdpa", {"arrays": "torch",
                                                        "device": args.device}))
     except ImportError:
@@ -47,13 +50,13 @@ def main() -> None:
              ("numpy kernel, causal top-left bug", planted("causal_topleft", "causal,gqa,lse"),
               {"arrays": "numpy"})]
     print(f"osm battery, --budget {args.budget}, seed {args.seed}, {os.cpu_count()} CPUs")
-    print(f"{'kernel':36} {'cases':>5} {'failed':>6} {'kernel s':>9} {'osm s':>7} "
+    print(f"{'kernel':40} {'cases':>5} {'failed':>6} {'kernel s':>9} {'osm s':>7} "
           f"{'osm / 60 s':>10}")
     for label, fn, opts in runs:
         t0 = time.perf_counter()
         rep = run(fn, budget=args.budget, seed=args.seed, **opts)
         wall = time.perf_counter() - t0
-        print(f"{label:36} {len(rep.results):5d} {rep.failed:6d} {rep.kernel_seconds:9.1f} "
+        print(f"{label:40} {len(rep.results):5d} {rep.failed:6d} {rep.kernel_seconds:9.1f} "
               f"{rep.osm_seconds:7.1f} {rep.osm_seconds / GOAL_S:10.2f}   (wall {wall:.1f} s)")
 
 

@@ -190,13 +190,27 @@ def _flex(compiled: bool) -> Callable:
 _COMPILED: list = []
 
 
+def _eager(flex_attention) -> Callable:
+    """Eager flex_attention traces its score_mod with Dynamo; after a battery's many shapes
+    Dynamo's automatic dynamic shapes made that trace fail on the GPU with gradients
+    (TorchRuntimeError from its fake-tensor pass, on an H200 with torch 2.11), so each shape
+    is traced as it is."""
+    def flex(*args, **kwargs):
+        import torch
+
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False, cache_size_limit=1024):
+            return flex_attention(*args, **kwargs)
+
+    return flex
+
+
 def _flex_attention(compiled: bool) -> Callable:
     """flex_attention, or once torch.compile'd (recompiling as shapes and mods change, with
     room for every case of a battery)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
-        return flex_attention
+        return _eager(flex_attention)
     if not _COMPILED:
         import torch
 
