@@ -5,7 +5,7 @@ against the mask_mod (check --block-mask). Prints one table; `--write` also save
 benchmarks/results/flex_h200.txt.
 
 `case_options(meta)` turns a capture's meta into osm's mods and the command-line specs that
-say the same (tests/test_flex.py uses it too). The captures' sliding window is
+say the same (tests/precision/test_flex.py uses it too). The captures' sliding window is
 `q − kv < W` (FlexAttention's documented example), osm's `sliding:W` attention-gym's
 `q − kv ≤ W`: the case runs `sliding:W−1`.
 

@@ -159,7 +159,7 @@ def tmux():
 
 
 # ---------------------------------------------------------------------------------------------
-# hostile input (tests/test_hardening2.py, tests/test_fuzz_inputs.py)
+# hostile input (tests/hardening/test_devices_and_extremes.py, tests/hardening/test_fuzz_inputs.py)
 
 
 def osm_process(*args, env: dict | None = None, timeout: float = 120, **kw):

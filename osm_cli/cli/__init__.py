@@ -6,7 +6,7 @@ trace.py, attention.py, backward.py, tools.py and battery.py hold the commands. 
 registered here in the order `osm --help` lists them. A command module imports at its top only
 typer, the standard library, options.py and common.py; numpy, rich and the layers below are
 imported in the command's body, so that `osm --help` starts in a tenth of a second
-(tests/test_api.py checks it loads neither numpy nor rich; benchmarks/bench_startup.py times
+(tests/api/test_api.py checks it loads neither numpy nor rich; benchmarks/bench_startup.py times
 it). Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
 """
 

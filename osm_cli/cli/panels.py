@@ -1,6 +1,6 @@
 """The groups `--help` lists a command's options in (typer's rich_help_panel), one table for
 every command, and the click command class that prints them as sections of plain help (osm's
-help stays plain text: `osm --help` loads no rich, tests/test_api.py).
+help stays plain text: `osm --help` loads no rich, tests/api/test_api.py).
 
 An option declared with its own rich_help_panel keeps it; the others take PANELS' group for
 their parameter name (COMMAND_PANELS where one command means something else by the name);

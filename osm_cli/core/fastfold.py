@@ -2,7 +2,7 @@
 order, many blocks at a time, for long traces (what a plain `osm trace` runs).
 
 It computes what `Folding` computes with state.rescale_step, bit for bit: every m, α and l of
-every step, the final state and the rescale count (tests/test_fastfold.py compares them with
+every step, the final state and the rescale count (tests/core/test_fastfold.py compares them with
 exact equality). Only the loop differs; the update a reader learns from stays rescale_step.
 
 - Block maxima by one reshape (rows, c, block) and a max over its last axis, a zero max made

@@ -8,7 +8,7 @@ through score_tile's out), and m_new is copied back into m for the next tile. Tw
 exact by construction: the block max is an fmax reduction (state.block_max's nan_free: the
 same maximum, as S holds no NaN, and quicker), and the −inf guard is applied to a copy of
 m_new in place.
-tests/test_fast.py runs both loops and asks for identical bits, traces and counters.
+tests/flash/test_fast.py runs both loops and asks for identical bits, traces and counters.
 Consecutive Q tiles are stacked and run as one loop, up to 2048 rows a step (plan.q_groups),
 and the tiles, their kinds and the traced row come from plan.py's walk.
 Leaves out: the merge form and float masks that widen S (forward.py runs those through

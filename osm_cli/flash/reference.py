@@ -6,7 +6,7 @@ with the same score_tile, masks and GQA head map as the tiled forward. `_one_sho
 computation as written: core.reference's stable_softmax and logsumexp of each chunk, then P·V.
 `_one_shot_fused`, what runs, is the same arithmetic on the same chunks with each exp done once
 (the stable softmax, its sum and the LSE share it), in place in one buffer per thread, one
-(chunk, head) at a time on a thread per core: the same bits (tests/test_fast.py). With `rnd`
+(chunk, head) at a time on a thread per core: the same bits (tests/flash/test_fast.py). With `rnd`
 each op is rounded instead, which is how precision/model.py's plain same-dtype attention is made.
 Leaves out: tiles (forward.py), the softmax oracles themselves (core/reference.py).
 

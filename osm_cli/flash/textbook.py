@@ -9,7 +9,7 @@ l = 0, acc = 0 (not Triton's l = 1: docs/numerics.md#state). `textbook_attention
 every Q tile of plan.py's walk and divides once at the end.
 
 It is the same arithmetic as core.state.rescale_step, operation for operation, so its output
-is bit for bit osm's own loop and the fused one (tests/test_textbook.py). The tiles, masks and
+is bit for bit osm's own loop and the fused one (tests/flash/test_textbook.py). The tiles, masks and
 skipped tiles are plan.py's (one walk for every loop); the scores are masks.score_tile's.
 Leaves out: sinks, the merge form, lazy rescaling, precision models, traces, threads
 (forward.py and fast.py run those), packed batches.

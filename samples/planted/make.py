@@ -1,5 +1,5 @@
 """Writes the planted-bug bundles of docs/check.md from tests/kernels/planted.py (run from the
-repository root: python samples/planted/make.py); tests/test_check_names.py checks that they
+repository root: python samples/planted/make.py); tests/io/test_check_names.py checks that they
 are what the kernels give. Each holds what flash_attn_func returns beside its inputs: q, k, v
 (B, N, H, d), out and softmax_lse (B, H, N), bf16 values stored as float32."""
 

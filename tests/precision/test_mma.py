@@ -23,7 +23,7 @@ from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import model
 
 F32 = np.float32
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference(a, b, c=None):

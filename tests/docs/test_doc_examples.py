@@ -20,7 +20,7 @@ import pytest
 
 from osm_cli.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 SHARED = ("samples", "docs", "benchmarks")
 

@@ -25,7 +25,7 @@ from osm_cli.present.plot import INSTALL
 from osm_cli.present.stepmode import buffered, step_through
 from osm_cli.studies.lazy import lazy_report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 E = math.exp
 
 

@@ -1,6 +1,6 @@
 """The interactive page of `--html FILE` (issue 21, item 7), without a browser: one file with
 nothing outside it, whose document is made of the records' own numbers and the lines of
---explain, with FA1's bytes moved so far; refusals and bad paths. tests/test_page_browser.py
+--explain, with FA1's bytes moved so far; refusals and bad paths. tests/present/test_page_browser.py
 drives the same pages in chromium."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import osm_cli
 from conftest import osm, qkv
 from osm_cli.cli.flags import as_flags, flag
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("core", "flash", "precision", "studies", "reports", "io", "api")
 
 

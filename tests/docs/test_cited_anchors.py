@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_cited_anchor_exists():
     anchors = set(re.findall(r'<a id="([^"]+)"></a>', (ROOT / "docs/numerics.md").read_text()))
     cited = {}
-    files = [*ROOT.glob("osm_cli/**/*.py"), *ROOT.glob("tests/*.py"),
+    files = [*ROOT.glob("osm_cli/**/*.py"), *ROOT.glob("tests/**/*.py"),
              *ROOT.glob("benchmarks/*.py"), ROOT / "README.md", *ROOT.glob("docs/**/*.md")]
     for path in files:
         text = path.read_text()

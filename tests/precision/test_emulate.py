@@ -21,7 +21,7 @@ from osm_cli.precision.gpu_ops import EXP2_EMU, exp2_emulated, fma, lane_sums, m
 from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 F32 = np.float32
 
 

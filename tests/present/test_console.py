@@ -13,7 +13,7 @@ from rich.cells import cell_len
 from osm_cli.cli import app
 from osm_cli.present import console as consoles
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # One run of each command that prints tables (stdout is not a terminal under the runner).
 COMMANDS = [

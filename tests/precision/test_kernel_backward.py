@@ -20,7 +20,7 @@ from osm_cli.precision.gpu_ops import fma
 from osm_cli.precision.kernel_backward import kernel_backward
 from osm_cli.precision.model import model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 F32 = np.float32
 
 

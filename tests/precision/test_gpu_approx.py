@@ -20,7 +20,7 @@ import pytest
 from osm_cli.precision import gpu_approx as ga
 from osm_cli.precision.gpu_ops import Ops
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 F32 = np.float32
 
 

@@ -21,7 +21,7 @@ import pytest
 from osm_cli.errors import OsmError
 from osm_cli.testing import as_numpy, assert_attention_close
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "samples" / "kernel_bf16.npz"
 
 

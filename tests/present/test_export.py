@@ -1,8 +1,8 @@
 """--svg FILE and --html FILE (issue 13, item 6): what trace, attention and backward print, exported
 through rich's recording console, written with the command's other files all or none, and the
-one-line `exports` decorator any command (the backward pass's) takes them from. The three commands'
---html is their interactive page (tests/test_page.py), with the printed screen at its foot; a
-command that offers no page gets rich's own HTML copy of the screen."""
+one-line `exports` decorator any command (the backward pass's) takes them from. The three
+commands' --html is their interactive page (tests/present/test_page.py), with the printed screen
+at its foot; a command that offers no page gets rich's own HTML copy of the screen."""
 
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ def test_bundle_with_do(runner, strict_json):
     (lambda t: [*SAMPLES, "--o", "samples/q.npy", "--lse",
                 _save(t, "l", np.full((2, 8), np.nan))], "LSE holds NaN"),
     # Q K V without a dO, as files or a bundle, is not an error: a seeded dO is used
-    # (tests/test_learner_inputs.py)
+    # (tests/studies/test_learner_inputs.py)
     (lambda t: [*SAMPLES, "samples/q.npy"], "expected Q K V DO"),
     (lambda t: [*SAMPLES, "--key", 8], "traced key 8 is outside K's 8 keys"),
     (lambda t: [*SAMPLES[:3], _save(t, "do", np.full((2, 8, 4), np.inf))], "dO holds inf"),

@@ -23,7 +23,7 @@ from osm_cli.present.csv import tiles_csv
 from osm_cli.present.plot import INSTALL
 from osm_cli.studies.tilemap import head_probabilities, skip_map
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 E = math.exp
 
 

@@ -3,7 +3,7 @@
 Exit 0: the kernel passes FlashAttention's rule. Exit 1: it fails ("FAIL: …" on stderr, the
 report on stdout) or the input is bad ("Error: …" on stderr, nothing on stdout). Exit 2: a bad
 option value. The kernel outputs are samples/kernel_fp16.npz and kernel_bf16.npz (PyTorch's
-FlashAttention-2 on an H200, causal, see tests/test_precision_model.py).
+FlashAttention-2 on an H200, causal, see tests/precision/test_model.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 import osm_cli
 from osm_cli import attention, check, online_softmax
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_name_in_all_is_the_object_its_module_defines():

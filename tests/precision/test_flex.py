@@ -16,7 +16,7 @@ import pytest
 
 from osm_cli.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLEX = ROOT / "samples" / "flex"
 
 

@@ -14,7 +14,7 @@ import typer
 
 from osm_cli.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = sorted(typer.main.get_command(app).commands)
 
 
