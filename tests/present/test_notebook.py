@@ -14,7 +14,7 @@ import pytest
 import osm_cli
 from osm_cli.core.notebook import Table, html_tables, markdown_tables
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_trace_shows_its_steps():
