@@ -302,7 +302,7 @@ def test_refusals_are_told_apart_from_wrong_numbers(runner):
     refused = [f for f in rep.failures if f.smallest.refused]
     assert {f.smallest.failed for f in refused} == {("refused",)}
     assert all(f.smallest is f.first for f in refused)  # a refusal is not shrunk
-    res = runner.invoke(app, ["battery", "tests/test_battery.py:_tutorial_like", "--arrays",
+    res = runner.invoke(app, ["battery", "tests/battery/test_battery.py:_tutorial_like", "--arrays",
                               "numpy", "--head-dims", "32", "--cases", "2"])
     assert res.exit_code == 1
     assert "REFUSED 1: the kernel does not take" in res.stdout
@@ -332,7 +332,7 @@ def test_declared_limits_draw_only_what_the_kernel_takes(runner):
         attn.osm_features, attn.osm_constraints = "causal,lse", limits
         assert [r.case.id for r in run(attn, arrays="numpy", head_dims="32").results] == \
             [r.case.id for r in rep.results]
-    res = runner.invoke(app, ["battery", "tests/test_battery.py:_tutorial_like", "--arrays",
+    res = runner.invoke(app, ["battery", "tests/battery/test_battery.py:_tutorial_like", "--arrays",
                               "numpy", "--head-dims", "32", "--cases", "2", "--seqlens",
                               "equal", "--min-seqlen", "64", "--seqlen-multiple", "16"])
     assert res.exit_code == 0, res.output
