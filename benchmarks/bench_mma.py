@@ -1,14 +1,21 @@
 """The tensor cores' accumulation (precision/mma.py) against BLAS, on this machine's CPU (issue 25).
 
-1. One kernel's matmul, S = Q·Kᵀ of a stack of 16 Q tiles by one K tile, bf16: numpy's float32
-   BLAS, mma.tensor_core compiled (numba) and its numpy path, interleaved.
-2. The whole forward of --kernel fa2 (run_flash, bf16, B=1, causal) with --mma blas and --mma
-   tensor-core, interleaved (each repetition runs both, in turn, so that the load of a shared
-   machine hits both alike; medians reported), at H=8, N=2048, d=64 and H=32, N=4096, d=128.
+0. The machine: CPU model, its vector ISA, numpy's BLAS (library, version, kernel), numba and
+   the load average at the start (other work on a shared machine slows both modes).
+1. One kernel's matmul, S = Q·Kᵀ of a stack of Q tiles by one K tile, bf16: numpy's float32
+   BLAS, mma.tensor_core compiled (numba) and its numpy path (on an eighth of the rows),
+   interleaved; ns a term (one multiply-add).
+2. The whole forward of --kernel fa2 (run_flash, bf16, B=1, causal) with mma="blas" and
+   mma="tensor-core", and
+3. the backward with its own forward (flash_backward, the same inputs and a random dO: the
+   forward's matmuls are the two modes' only difference; the backward's own run through
+   BLAS in both), each at H=8, N=2048, d=64 and H=32, N=4096, d=128. Interleaved: every
+   repetition runs both modes, in turn, the first mode alternating, so that the load of a
+   shared machine hits both alike; medians of wall times reported.
 
-Goal (MET / MISSED): tensor-core ≤ 1.5× blas at both sizes.
+Goal (MET / MISSED): tensor-core ≤ 1.5× blas, forward and backward, at both sizes.
 
-Usage: python benchmarks/bench_mma.py [--reps 3] [--big-reps 1] [--skip-big]
+Usage: python benchmarks/bench_mma.py [--reps 3] [--big-reps 1] [--skip-big] [--skip-backward]
 """
 
 from __future__ import annotations
@@ -23,19 +30,59 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from osm_cli.precision import mma  # noqa: E402
+from osm_cli.precision.backward import flash_backward  # noqa: E402
 from osm_cli.precision.kernels import run_flash  # noqa: E402
 from osm_cli.precision.model import model  # noqa: E402
 
 GOAL = 1.5
+MODES = ("blas", "tensor-core")
+SIZES = ((8, 2048, 64), (32, 4096, 128))
 
 
 def bf16(rng, shape):
     return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def cpu_model() -> tuple[str, str]:
+    """The CPU's model name and its widest vector ISA, from /proc/cpuinfo (Linux)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == (platform.processor() or
+                                                        platform.machine()):
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
+           else "unknown" if not flags else "SSE")
+    return name, isa
+
+
+def machine() -> None:
+    name, isa = cpu_model()
+    print(f"machine: {os.cpu_count()} CPU(s), {name}, {isa}; python {platform.python_version()}, "
+          f"numpy {np.__version__}")
+    for lib in threadpool_info():
+        if lib["user_api"] == "blas":
+            print(f"  numpy's BLAS: {lib['internal_api']} {lib.get('version')}, kernel "
+                  f"{lib.get('architecture', '-')}, {lib['num_threads']} thread(s)")
+    if mma.HAVE_NUMBA:
+        import llvmlite.binding as llvm
+        import numba
+
+        print(f"  numba {numba.__version__} (LLVM's host CPU: {llvm.get_host_cpu_name()})")
+    else:
+        print("  numba not installed: the numpy path")
+    print("  load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 def timed(fn) -> float:
@@ -45,37 +92,58 @@ def timed(fn) -> float:
 
 
 def interleaved(runs: dict, reps: int) -> dict:
+    """Median wall time of each run, the runs taken in turn each repetition, the first one
+    alternating."""
     times = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, fn in runs.items():
-            times[name].append(timed(fn))
+    names = list(runs)
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            times[name].append(timed(runs[name]))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
 def one_matmul(reps: int) -> None:
     rng = np.random.default_rng(0)
     a, b = bf16(rng, (8, 1024, 64)), bf16(rng, (8, 64, 128))
+    few = a[:, :128]
     mma.tensor_core(a[:, :16], b)  # compile (or load numba's cache) before timing
-    runs = {"blas": lambda: np.matmul(a, b), "numba": lambda: mma.tensor_core(a, b),
-            "numpy": lambda: mma.tensor_core_numpy(a, b)}
-    med = interleaved(runs, reps)
-    print(f"1. S = Q·Kᵀ, (8, 1024, 64) @ (8, 64, 128), bf16: BLAS {med['blas'] * 1e3:.1f} ms, "
-          f"tensor-core numba {med['numba'] * 1e3:.1f} ms ({med['numba'] / med['blas']:.1f}× "
-          f"BLAS), numpy {med['numpy'] * 1e3:.0f} ms ({med['numpy'] / med['numba']:.0f}× numba)\n")
+    with threadpool_limits(1, user_api="blas"):  # one thread each, as in the kernel's loop
+        med = interleaved({"blas": lambda: np.matmul(a, b), "numba": lambda: mma.tensor_core(a, b),
+                           "numpy": lambda: mma.tensor_core_numpy(few, b)}, reps)
+    terms = a.size * b.shape[-1]
+    ns = {k: v / terms * 1e9 for k, v in med.items()}
+    ns["numpy"] *= a.shape[1] / few.shape[1]
+    print(f"1. S = Q·Kᵀ, (8, 1024, 64) @ (8, 64, 128), bf16, one thread: ns a term: BLAS "
+          f"{ns['blas']:.3f}, tensor-core numba {ns['numba']:.3f} ({ns['numba'] / ns['blas']:.1f}× "
+          f"BLAS), numpy {ns['numpy']:.1f} ({ns['numpy'] / ns['numba']:.0f}× numba)\n")
+
+
+def row(what: str, h: int, n: int, d: int, med: dict) -> float:
+    ratio = med["tensor-core"] / med["blas"]
+    print(f"   {what:8} H={h:<3} N={n:<5} d={d:<4} blas {med['blas']:7.2f} s   tensor-core "
+          f"{med['tensor-core']:7.2f} s   {ratio:5.2f}×  {'MET' if ratio <= GOAL else 'MISSED'}")
+    return ratio
+
+
+def inputs(h: int, n: int, d: int):
+    rng = np.random.default_rng(1)
+    return [bf16(rng, (1, h, n, d)) for _ in range(4)]
 
 
 def forward(h: int, n: int, d: int, reps: int) -> float:
-    rng = np.random.default_rng(1)
-    q, k, v = (bf16(rng, (1, h, n, d)) for _ in range(3))
+    q, k, v, _ = inputs(h, n, d)
     m = model("bf16")
     runs = {how: (lambda how=how: run_flash(m, q, k, v, kernel="fa2", causal=True,
-                                            trace_at=None, mma=how))
-            for how in ("blas", "tensor-core")}
-    med = interleaved(runs, reps)
-    ratio = med["tensor-core"] / med["blas"]
-    print(f"   H={h:<3} N={n:<5} d={d:<4} blas {med['blas']:7.2f} s   tensor-core "
-          f"{med['tensor-core']:7.2f} s   {ratio:5.2f}×  {'MET' if ratio <= GOAL else 'MISSED'}")
-    return ratio
+                                            trace_at=None, mma=how)) for how in MODES}
+    return row("forward", h, n, d, interleaved(runs, reps))
+
+
+def backward(h: int, n: int, d: int, reps: int) -> float:
+    q, k, v, do = inputs(h, n, d)
+    m = model("bf16")
+    runs = {how: (lambda how=how: flash_backward(m, q, k, v, do, kernel="fa2", mma=how,
+                                                 causal=True, trace_at=None)) for how in MODES}
+    return row("backward", h, n, d, interleaved(runs, reps))
 
 
 def main() -> None:
@@ -83,18 +151,21 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--big-reps", type=int, default=1)
     ap.add_argument("--skip-big", action="store_true")
+    ap.add_argument("--skip-backward", action="store_true")
     args = ap.parse_args()
-    print(f"tensor-core accumulation vs BLAS: {os.cpu_count()} cores, "
-          f"{platform.processor() or platform.machine()}, numpy {np.__version__}, numba "
-          f"{'yes' if mma.HAVE_NUMBA else 'no (numpy path)'}; medians of interleaved runs\n")
+    machine()
+    print("medians of interleaved runs\n")
     one_matmul(args.reps)
-    run_flash(model("bf16"), *(bf16(np.random.default_rng(2), (1, 1, 64, 64)) for _ in range(3)),
-              kernel="fa2", trace_at=None, mma="tensor-core")  # warm: numba's cache loaded
-    print("2. run_flash --kernel fa2, bf16, B=1, causal; goal tensor-core ≤ "
-          f"{GOAL}× blas (MET / MISSED)")
-    worst = forward(8, 2048, 64, args.reps)
-    if not args.skip_big:
-        worst = max(worst, forward(32, 4096, 128, args.big_reps))
+    run_flash(model("bf16"), *inputs(1, 64, 64)[:3], kernel="fa2", trace_at=None,
+              mma="tensor-core")  # warm: numba's cache loaded
+    print(f"2.-3. --kernel fa2, bf16, B=1, causal; goal tensor-core ≤ {GOAL}× blas (MET / MISSED)")
+    ratios = []
+    for h, n, d in SIZES[:1] if args.skip_big else SIZES:
+        reps = args.reps if (h, n, d) == SIZES[0] else args.big_reps
+        ratios.append(forward(h, n, d, reps))
+        if not args.skip_backward:
+            ratios.append(backward(h, n, d, reps))
+    worst = max(ratios)
     print(f"\nworst ratio {worst:.2f}×: {'MET' if worst <= GOAL else 'MISSED'}")
 
 
