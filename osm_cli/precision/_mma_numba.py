@@ -198,8 +198,9 @@ def _element(a, b, x):
               max(max(max(abs(p8), abs(p9)), max(abs(p10), abs(p11))),
                   max(max(abs(p12), abs(p13)), max(abs(p14), abs(p15)))))
     tb = _bits(max(top, abs(x)))
-    # 2^E from the exponent bits, held in the fast path's range (a row out of it is redone)
-    eb = I32(min(max(I32(tb & EXP), TINY), I32(254 << 23)))
+    # 2^E from the exponent bits, at least the fast path's lowest (zeros; a row below it is
+    # redone)
+    eb = I32(max(I32(tb & EXP), TINY))  # (a term from 2^121 on: its row is redone)
     iq = _float(I32(I32(279 << 23) - eb))  # 1/q = 2^(25 − E)
     s = I32(I32(I32(I32(I32(p0 * iq) + I32(p1 * iq)) + I32(I32(p2 * iq) + I32(p3 * iq)))
                 + I32(I32(I32(p4 * iq) + I32(p5 * iq)) + I32(I32(p6 * iq) + I32(p7 * iq))))
@@ -249,37 +250,38 @@ def _panels(b, wide, wpad):
     g_, k, width = b.shape
     bp = np.zeros((g_, k * wpad), np.float32)
     for g in range(g_):
-        for k0 in range(0, k, K16):
-            for n0 in range(0, wpad, PANEL):
-                w = PANEL if n0 < wide else TAIL
-                for m0 in range(n0, min(n0 + PANEL, wpad), w):
-                    at = k0 * wpad + m0 * K16
-                    for j in range(K16):
-                        for i in range(min(w, width - m0)):
-                            bp[g, at + j * w + i] = b[g, k0 + j, m0 + i]
+        for kc in range(k // K16):
+            for j in range(K16):
+                src = b[g, kc * K16 + j]
+                for p in range(wide // PANEL):
+                    at = kc * K16 * wpad + p * PANEL * K16 + j * PANEL
+                    dst = bp[g, at:at + PANEL]
+                    for i in range(PANEL):
+                        dst[i] = src[p * PANEL + i]
+                for p in range((wpad - wide) // TAIL):
+                    n0 = wide + p * TAIL
+                    at = kc * K16 * wpad + n0 * K16 + j * TAIL
+                    for i in range(min(TAIL, width - n0)):
+                        bp[g, at + i] = src[n0 + i]
     return bp
 
 
 @njit(boundscheck=False, nogil=True, cache=True)
-def _run(a, b, c, out, fast):
+def _run(a, b, c, out):
     g_, m_, k = a.shape
     width = b.shape[2]
     a2 = a.reshape(g_ * m_, k)
     c2 = c.reshape(g_ * m_, width)
     o2 = out.reshape(g_ * m_, width)
-    acc = np.zeros(width, np.float32)
-    if not fast:
-        for gm in range(g_ * m_):
-            acc[:] = c2[gm]
-            _row64(a2[gm], b[gm // m_].reshape(-1), acc, o2[gm], width, k)
-        return
     wide = width // PANEL * PANEL
     wpad = wide + -(-(width - wide) // TAIL) * TAIL
+    fast = _fits16(a) and _fits16(b) and _all_finite(c)
     bp = _panels(b, wide, wpad)
+    acc = np.zeros(width, np.float32)
     row = np.zeros(wpad, np.float32)
     for gm in range(g_ * m_):
         row[:width] = c2[gm]
-        if _row16(a2[gm], bp[gm // m_], row, k, wide, wpad):
+        if not fast or _row16(a2[gm], bp[gm // m_], row, k, wide, wpad):
             acc[:] = c2[gm]
             _row64(a2[gm], b[gm // m_].reshape(-1), acc, o2[gm], width, k)
         else:
@@ -295,8 +297,7 @@ def mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
     if pad:
         a = np.concatenate([a, np.zeros((*a.shape[:-1], pad), np.float32)], axis=-1)
         b = np.concatenate([b, np.zeros((b.shape[0], pad, b.shape[2]), np.float32)], axis=1)
-    fast = _fits16(a) and _fits16(b) and _all_finite(c)
-    _run(a, b, c, out, fast)
+    _run(a, b, c, out)
 
 
 __all__ = ["mma"]
