@@ -6,6 +6,7 @@ row and one query row. The command imports the layers it uses when it runs (see 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +23,7 @@ from .common import (
     offer_page,
     out,
     page_wanted,
+    present,
     progress,
     save,
     score_options,
@@ -33,6 +35,7 @@ from .options import (
     CausalAlignOpt,
     CausalOpt,
     DtypeOpt,
+    ExplainOpt,
     HeadOpt,
     InputDtypeOpt,
     InputSeedOpt,
@@ -48,6 +51,7 @@ from .options import (
     RandomOpt,
     ScaleOpt,
     ShowAllOpt,
+    StepOpt,
     WindowOpt,
     csv_option,
 )
@@ -97,6 +101,8 @@ def backward(
     input_dtype: InputDtypeOpt = None,
     random: RandomOpt = None,
     seed: InputSeedOpt = 0,
+    step: StepOpt = False,
+    explain: ExplainOpt = False,
     as_json: JsonOpt = False,
     inputs=None,
 ):
@@ -113,6 +119,7 @@ def backward(
       osm backward samples/q.npy samples/k.npy samples/v.npy samples/do.npy
       osm backward samples/backward_tiny.npz --scale 1 --block-k 1
       osm backward samples/q.npy samples/k.npy samples/v.npy --causal --key 3 --query 5
+      osm backward samples/causal.npz --causal --block-q 4 --block-k 2 --query 2 --explain
       osm backward --random 1,2,8,4 --seed 3 --block-k 2
       osm backward samples/backward_tiny.npz --dtype bf16 --kernel fa4
     """
@@ -165,10 +172,20 @@ def backward(
     offer_page(lambda screen: html_page.page(html_page.backward_doc(rep, q, k, opts), screen))
     for line in made_up:
         out.print(line)
-    for part in (*render.backward_heads(rep), render.key_trace(rep, out.width, show_all),
-                 render.query_trace(rep, out.width, show_all),
-                 render.backward_results(rep, show_all, out.width)):
-        out.print(part)
+    heads = render.backward_heads(rep)
+    tables = [render.key_trace(rep, out.width, show_all)]
+    if explain:
+        from osm_cli.present.explain import backward_key_explained, backward_query_explained
+
+        tables.append(backward_key_explained(res, show_all))
+    tables.append(render.query_trace(rep, out.width, show_all))
+    if explain:
+        tables.append(backward_query_explained(res, show_all))
+    # step mode keeps the summary (its errors give the end away) for after the last tile
+    frame = functools.partial(render.backward_step_frame, [], rep, width=out.width)
+    pages = [(frame, len(res.key_trace) + len(res.query_trace), "step")]
+    if present(step, heads, pages, tables, after=heads):
+        out.print(render.backward_results(rep, show_all, out.width))
 
 
 def backward_inputs(files, raw_as, random, seed):

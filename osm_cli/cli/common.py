@@ -406,8 +406,24 @@ def step_frames(frame, count: int, unit: str, getkey) -> bool:
 
 
 def getkey() -> str:
+    """One read of the keys pressed, in raw mode. click's getchar enters raw mode with
+    TCSAFLUSH, which throws away keys typed while a frame was drawn; TCSANOW keeps them (the
+    step loop reads them one at a time, stepmode.buffered)."""
     try:
-        return typer.getchar()
+        import termios
+        import tty
+    except ImportError:  # no termios (Windows): click's own
+        termios = None
+    try:
+        if termios is None or not sys.stdin.isatty():
+            return typer.getchar()
+        fd = sys.stdin.fileno()
+        old = termios.tcgetattr(fd)
+        try:
+            tty.setraw(fd, termios.TCSANOW)
+            return os.read(fd, 32).decode(sys.stdin.encoding or "utf-8", "replace")
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, old)
     except (KeyboardInterrupt, EOFError):
         return "q"
 

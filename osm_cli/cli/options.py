@@ -193,11 +193,12 @@ HtmlOpt = Annotated[Path | None, typer.Option(
     "works offline: each step lit, its state and arithmetic, forward and back with the arrow "
     "keys; FILE.html#step=K opens at step K (what is printed is at its foot).")]
 StepOpt = Annotated[bool, typer.Option(
-    "--step", help="In a terminal, show one block (attention: K/V tile) at a time (Enter or "
-    "space: next, q: quit).")]
+    "--step", help="In a terminal, show one block (attention: K/V tile; backward: the key's Q "
+    "tiles, then the query's K/V tiles) at a time (Enter or space: next, b: back, q: quit).")]
 ExplainOpt = Annotated[bool, typer.Option(
     "--explain", help="Under each step, its arithmetic with the actual numbers "
-    "(m = max(2, 5) = 5, α = exp(2 − 5) = …); always on in step mode.")]
+    "(m = max(2, 5) = 5, α = exp(2 − 5) = …; backward: dS = P∘(dP − D), dQ_i += scale·dS·K_j "
+    "…); always on in step mode.")]
 PLOT_LIMIT = 512  # attention --plot draws at most this many queries and keys of the head
 # attention's tile size options, shared with sweep (where --block-k is the swept size).
 BlockQOpt = Annotated[

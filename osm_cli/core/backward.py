@@ -33,8 +33,9 @@ from osm_cli.errors import InputError
 class GradUpdate:
     """What one tile contributed, before the score scale: dv = Pᵀ·dO, dk = dSᵀ·Q, dq = dS·K.
 
-    p and ds are the tile's P and dS (rows, keys), as the traces read them. With heads (g > 1)
-    dv and dk are per query head, (…, g, keys, d): summing them over g is GQA's sum.
+    p, dp and ds are the tile's P, dP = dO·Vᵀ and dS (rows, keys), as the traces read them.
+    With heads (g > 1) dv and dk are per query head, (…, g, keys, d): summing them over g is
+    GQA's sum.
     """
 
     p: np.ndarray
@@ -42,6 +43,7 @@ class GradUpdate:
     dv: np.ndarray
     dk: np.ndarray
     dq: np.ndarray
+    dp: np.ndarray | None = None
 
 
 def delta(do: np.ndarray, o: np.ndarray, dtype=None) -> np.ndarray:
@@ -100,7 +102,7 @@ def backward_step(
 
     dv = np.swapaxes(by_head(pr), -1, -2) @ by_head(do)
     dk = np.swapaxes(by_head(dsr), -1, -2) @ by_head(q)
-    return GradUpdate(p, ds, dv, dk, dq)
+    return GradUpdate(p, ds, dv, dk, dq, dp)
 
 
 __all__ = ["GradUpdate", "backward_step", "delta", "lse_for_p"]

@@ -16,7 +16,7 @@ Example: online_softmax(np.array([1., 2., 5., 3.]), 2).steps[1].alpha == exp(2 -
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -144,6 +144,30 @@ class StepColumns:
         return tuple(getattr(self, f.name) for f in fields(self))
 
 
+DETAIL_SHOWN = 8  # entries of P, dP, D, dS a GradDetail keeps (the explanation shows a few)
+
+
+@dataclass(frozen=True)
+class GradDetail:
+    """A backward tile's numbers on the traced row, for --explain: the first entries of P (the
+    forward's probabilities, recomputed as exp(S − LSE)), dP = dO·Vᵀ, D = rowsum(dO∘O) and
+    dS = P∘(dP − D), along the traced query row's keys (a query trace) or the traced key's
+    column over the Q tile's rows of the traced query head (a key trace), `count` of them in
+    the tile; `adds` holds (name, the tile's contribution, the value after it) for the
+    gradients' leading components, as finally written (score scale in); heads: the query heads
+    whose rows the key's sums run over (GQA's g); factor: dS carries a score transform's
+    derivative (softcap, score_mod)."""
+
+    p: np.ndarray
+    dp: np.ndarray
+    d: np.ndarray
+    ds: np.ndarray
+    count: int
+    adds: tuple
+    heads: int = 1
+    factor: bool = False
+
+
 @dataclass(frozen=True)
 class GradStep:
     """One tile of the backward pass as a traced key row or query row saw it.
@@ -166,6 +190,7 @@ class GradStep:
     dv_norm: float | None = None
     dq_norm: float | None = None
     query: int | None = None  # a query trace: the traced query row this step is of
+    detail: GradDetail | None = field(default=None, compare=False)  # --explain's numbers
 
 
-__all__ = ["GradStep", "Step", "StepColumns"]
+__all__ = ["DETAIL_SHOWN", "GradDetail", "GradStep", "Step", "StepColumns"]

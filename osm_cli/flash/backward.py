@@ -34,6 +34,7 @@ from osm_cli.core.record import GradStep
 from osm_cli.errors import InputError, ShapeError
 
 from .forward import attention
+from .gradtrace import key_detail, key_rows, query_detail
 from .masks import mask_about, scale_q, score_tile
 from .mods import about_mods
 from .options import Hooks, ScoreOptions, Tiling, split_options
@@ -259,6 +260,8 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                         dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, qi]), query=qi))
                 continue
             rows = (g1 - g0, g * n)
+            kv_before = key_rows(plan, dk_j, dv_j, at, key - j0) if keyed else None
+            dq_before = {qi: plan.scale * grads.dq[g0 + at, th % g, qi] for qi, _ in here}
             vis = plan.visible(i0, i1, j0, j1) if kind == "partial" else None
             um = plan.mask_tile(i0, i1, j0, j1, g0, g1, partial=kind == "partial")
             if kern is not None:  # the kernel's own arithmetic, its accumulators chained
@@ -278,14 +281,20 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
             grads.dq[g0:g1, :, i0:i1] += up.dq.reshape(g1 - g0, g, n, -1)
             if keyed:
                 c = key - j0
+                detail = key_detail(plan, up, sv.d[g0 + at, th % g, i0:i1], at, c, th % g, n,
+                                    kv_before, key_rows(plan, dk_j, dv_j, at, c))
                 grads.key_trace.append(GradStep(
                     i0 // plan.bq, i0, i1, False, float(up.p[at, :, c].max()),
-                    float(up.ds[at, :, c].sum()), *_dkv_norms(plan, dk_j, dv_j, at, c)))
+                    float(up.ds[at, :, c].sum()), *_dkv_norms(plan, dk_j, dv_j, at, c),
+                    detail=detail))
             for qi, (_, r) in here:
+                dq_after = plan.scale * grads.dq[g0 + at, th % g, qi]
+                detail = query_detail(plan, up, float(sv.d[g0 + at, th % g, qi]), r, at,
+                                      dq_before[qi], dq_after, j1 - j0)
                 grads.query_trace.append(GradStep(
                     *tile.bounds, False, float(up.p[at, r].max()),
-                    float(up.ds[at, r].sum()),
-                    dq_norm=_norm(plan.scale * grads.dq[g0 + at, th % g, qi]), query=qi))
+                    float(up.ds[at, r].sum()), dq_norm=_norm(dq_after), query=qi,
+                    detail=detail))
         tick()
 
 

@@ -118,7 +118,7 @@ class KernelBackward:
 
         new_dv = matmul(np.swapaxes(by_head(pr), -1, -2), by_head(do), self.mma, dv)
         new_dk = matmul(np.swapaxes(by_head(dsr), -1, -2), by_head(q), self.mma, dk)
-        return GradUpdate(p, ds, new_dv, new_dk, dq)
+        return GradUpdate(p, ds, new_dv, new_dk, dq, dp)
 
     def _c(self, scale: float) -> np.float32:
         if self.scale_c == "f64":

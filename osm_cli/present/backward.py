@@ -7,6 +7,8 @@ Leaves out: computing anything (reports/backward.py), the rule's own line (verdi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from rich import box
 from rich.console import Group
@@ -146,16 +148,23 @@ def _heads_of(r) -> str:
 
 
 def traced_rows(rep, show_all: bool = False, width: int = 100) -> Group:
-    """The traced rows as written (dQ_i of each traced query row, dK_j, dV_j), one component
-    a line, and how far each is from the float64 reference."""
+    """The traced rows as written (dQ_i, dK_j, dV_j), one component a line, and how far each
+    is from the float64 reference; several traced query rows' dQ_i a line a row first
+    (rows.row_lines), then dK_j and dV_j."""
     rows = rep.traced_rows
     r = rep.result
-    queries = r.queries if len(r.queries) > 1 else (r.traced[2],)
-    xs = {f"dQ[{qi}]": x for qi, x in zip(queries, np.atleast_2d(
-        np.asarray(rows["dq"], dtype=np.float64)), strict=True)}
-    refs = {} if rep.ref_rows is None else dict(zip(xs, np.atleast_2d(
-        np.asarray(rep.ref_rows["dq"], dtype=np.float64)), strict=True))
-    for name, label in (("dk", f"dK[{r.traced_key}]"), ("dv", f"dV[{r.traced_key}]")):
+    xs, refs, parts = {}, {}, []
+    if len(r.queries) > 1:
+        from .rows import row_lines
+
+        parts.append(row_lines("dQ_i of the traced query rows", "dQ_i", r.queries, rows["dq"],
+                               None if rep.ref_rows is None else rep.ref_rows["dq"], show_all,
+                               width))
+        names = (("dk", f"dK[{r.traced_key}]"), ("dv", f"dV[{r.traced_key}]"))
+    else:
+        names = (("dq", f"dQ[{r.traced[2]}]"), ("dk", f"dK[{r.traced_key}]"),
+                 ("dv", f"dV[{r.traced_key}]"))
+    for name, label in names:
         xs[label] = np.asarray(rows[name], dtype=np.float64)
         if rep.ref_rows is not None:
             refs[label] = np.asarray(rep.ref_rows[name], dtype=np.float64)
@@ -173,11 +182,59 @@ def traced_rows(rep, show_all: bool = False, width: int = 100) -> Group:
 
         return Group(Text("traced rows of the gradients"), fill(t, n, line, show_all))
 
-    parts = [fit(make, width, (10, 8, 7, 6, 5))]
+    parts.append(fit(make, width, (10, 8, 7, 6, 5)))
     for label, ref in refs.items():
         diff = float(np.abs(xs[label] - ref).max(initial=0.0))
         parts.append(agreement(f"{label} vs the float64 reference", diff))
     return Group(*parts)
+
+
+def key_step_frame(headers, rep, upto: int, width: int = 100) -> Group:
+    """backward --step, first part: the key trace up to Q tile `upto` (lit), its arithmetic."""
+    from .explain import backward_key_step
+    from .stepmode import frame
+
+    r = rep.result
+    return frame(headers, r.key_trace, upto, "Q tile",
+                 lambda shown: key_trace(replace(rep, result=replace(r, key_trace=tuple(shown))),
+                                         width), backward_key_step(r, upto))
+
+
+def query_step_frame(headers, rep, upto: int, width: int = 100) -> Group:
+    """backward --step, second part: the query trace (every traced row) up to K/V tile
+    `upto`, the tile's lines lit, and its arithmetic."""
+    from .explain import backward_query_step
+    from .stepmode import frame
+
+    r = rep.result
+
+    def upto_step(shown):
+        n = len(shown)
+        res = replace(r, query_trace=tuple(shown),
+                      query_traces=tuple(tr[:n] for tr in r.query_traces))
+        return query_trace(replace(rep, result=res), width)
+
+    return frame(headers, r.query_trace, upto, "K/V tile", upto_step,
+                 backward_query_step(r, upto), lines=max(1, len(r.query_traces)))
+
+
+def backward_step_frame(headers, rep, k: int, width: int = 100) -> Group:
+    """backward --step's frame k of both traces in turn, so that b goes back across them: the
+    key's Q tiles first (FA2's inner loop, for one K/V tile), then the query's K/V tiles."""
+    from .stepmode import step_hint
+
+    r = rep.result
+    nk = len(r.key_trace)
+    if k < nk:
+        group, unit, at, n = key_step_frame(headers, rep, k, width), "Q tile", k, nk
+    else:
+        group = query_step_frame(headers, rep, k - nk, width)
+        unit, at, n = "K/V tile", k - nk, len(r.query_trace)
+    total = nk + len(r.query_trace)
+    hint = step_hint(k, total, "step")
+    hint.plain = hint.plain.replace(f"step {k + 1} of {total}",
+                                    f"step {k + 1} of {total} ({unit} {at + 1} of {n})", 1)
+    return Group(*group.renderables[:-1], hint)
 
 
 def backward_results(rep, show_all: bool = False, width: int = 100) -> Group:
@@ -185,4 +242,5 @@ def backward_results(rep, show_all: bool = False, width: int = 100) -> Group:
     return Group(traced_rows(rep, show_all, width))
 
 
-__all__ = ["backward_heads", "backward_results", "key_trace", "query_trace", "traced_rows"]
+__all__ = ["backward_heads", "backward_results", "backward_step_frame", "key_step_frame",
+           "key_trace", "query_step_frame", "query_trace", "traced_rows"]

@@ -14,8 +14,11 @@ from rich.text import Text
 
 from osm_cli.reports.explain import (
     ATTENTION_NOTE,
+    BACKWARD_NOTE,
     attention_heading,
     attention_step_lines,
+    backward_key_lines,
+    backward_query_lines,
     trace_heading,
     trace_lines,
 )
@@ -42,9 +45,10 @@ def trace_explained(trace, show_all: bool = False) -> Group:
                                 lambda k: trace_step(trace, k)), Text(""))
 
 
-def _each(steps, show_all: bool, unit: str, one, moved=None) -> list:
+def _each(steps, show_all: bool, unit: str, one, moved=None,
+          why: str = "where m did not move") -> list:
     """one(k) for each step shown: every step where m moved (given: those in `moved`), the
-    first and last few, and a dim line saying how many were left out between them."""
+    first and last few, and a dim line saying how many were left out between them (and why)."""
     if moved is None:
         moved = [k for k, s in enumerate(steps) if s.m != s.m_prev]
     shown = elided(len(steps), show_all, moved)
@@ -52,7 +56,7 @@ def _each(steps, show_all: bool, unit: str, one, moved=None) -> list:
     for n, k in enumerate(shown):
         if k is None:
             gap = shown[n + 1] - shown[n - 1] - 1
-            parts.append(Text(f"⋮ {gap} {unit} where m did not move (--all shows them)",
+            parts.append(Text(f"⋮ {gap} {unit} {why} (--all shows them)".replace("  ", " "),
                               style="dim"))
         else:
             parts.append(one(k))
@@ -85,6 +89,48 @@ def attention_explained(res, show_all: bool = False) -> Group:
                                 lambda k: attention_step(res, k), moved), Text(""))
 
 
+def backward_key_step(res, k: int) -> Group:
+    """Q tile k of backward's traced key (res: a Backward record)."""
+    s = res.key_trace[k]
+    return step_block(f"Q tile {s.block}, rows {s.start}:{s.stop}",
+                      backward_key_lines(s, res.scale, res.traced_key))
+
+
+def backward_query_step(res, k: int) -> Group:
+    """K/V tile k of backward's traced query row; of several rows, each row's lines under its
+    query (one line when the tile is skipped for all)."""
+    traces = res.query_traces if len(res.query_traces) > 1 else (res.query_trace,)
+    s = traces[0][k]
+    head = f"K/V tile {s.block}, keys {s.start}:{s.stop}"
+    if len(traces) == 1:
+        return step_block(head, backward_query_lines(s, res.scale))
+    if all(tr[k].masked for tr in traces):
+        return step_block(head, ["skipped for every traced row: the mask hides these keys; dQ_i "
+                                 "unchanged"])
+    parts: list = [Text(head, style="bold")]
+    for qi, tr in zip(res.queries, traces, strict=True):
+        parts.append(Padding(Text(f"query {qi}", style="bold"), (0, 0, 0, 3)))
+        parts += [Padding(Text(line), (0, 0, 0, 5))
+                  for line in backward_query_lines(tr[k], res.scale)]
+    return Group(*parts)
+
+
+def backward_key_explained(res, show_all: bool = False) -> Group:
+    """Every Q tile's arithmetic for backward's traced key."""
+    return Group(Text(f"each Q tile's arithmetic for key {res.traced_key}", style="bold underline"),
+                 Text(BACKWARD_NOTE), *_each(res.key_trace, show_all, "Q tiles",
+                        lambda k: backward_key_step(res, k), (), ""), Text(""))
+
+
+def backward_query_explained(res, show_all: bool = False) -> Group:
+    """Every K/V tile's arithmetic for backward's traced query row (or rows)."""
+    n = len(res.query_trace)
+    return Group(Text("each K/V tile's arithmetic for the traced query row"
+                      + ("s" if len(res.query_traces) > 1 else ""), style="bold underline"),
+                 Text(BACKWARD_NOTE), *_each(res.query_trace[:n], show_all, "K/V tiles",
+                        lambda k: backward_query_step(res, k), (), ""), Text(""))
+
+
 def screen_heading(heading: str, n: int, total: int, prose: str, line: str) -> Group:
     """A tour screen's top: a rule with the heading, the prose, the command about to run."""
     from rich.rule import Rule
@@ -97,5 +143,7 @@ def screen_prompt() -> Text:
     return Text("Enter: next screen · q: stop", style="bold")
 
 
-__all__ = ["attention_explained", "attention_step", "screen_heading", "screen_prompt",
+__all__ = ["attention_explained", "attention_step", "backward_key_explained",
+           "backward_key_step", "backward_query_explained", "backward_query_step",
+           "screen_heading", "screen_prompt",
            "step_block", "trace_explained", "trace_step"]

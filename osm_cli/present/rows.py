@@ -1,6 +1,6 @@
 """Several traced query rows side by side (`--query 0:4`, `--query 0,2,5`): under each K/V tile
 one line per traced row, so a tile's lines are the m, l and O vectors a kernel holds for its Q
-tile; the rows' outputs beside the reference; backward's dQ_i of each row over the K/V tiles.
+tile; the rows' outputs (and backward's dQ_i rows) a line a row, beside the reference.
 
 The rows' steps are the records' own (Attention.traces, Backward.query_traces: one tuple of
 steps per row, step k of every row the same K/V tile). Long traces elide whole tiles, never a
@@ -10,11 +10,12 @@ Leaves out: the one-row tables (attention.py, backward.py), the arithmetic (expl
 
 from __future__ import annotations
 
+import numpy as np
 from rich import box
 from rich.console import Group
 from rich.text import Text
 
-from .format import Table, elided, fit, num
+from .format import Table, elided, fill, fit, num, values
 
 
 def queries_text(queries) -> str:
@@ -78,38 +79,46 @@ def rows_trace(res, show_all: bool, d: int, o_shown: int, arrows: bool) -> Group
     return Group(Text(title + notes), t)
 
 
-# rows_output's variants: digits of each row's output, tried until the table fits
-OUTPUT_DIGITS = (10, 8, 7, 6, 5, 4)
+# row_lines' variants: (digits, components) tried until the table fits
+LINE_VARIANTS = ((8, 4), (7, 4), (6, 4), (7, 3), (6, 3), (5, 3), (5, 2), (4, 2), (4, 1))
+
+
+def row_lines(title: str, name: str, queries, rows, refs, show_all: bool = False,
+              width: int = 100) -> Group:
+    """Several traced rows of one output (rows: (queries, n)), a line a row: its query, its
+    leading components (as many as `width` allows, "…" for the rest) and, given refs, its
+    largest difference from the float64 reference; long lists elided as the traces are."""
+    rows = np.asarray(rows, dtype=np.float64)
+    diffs = None if refs is None else np.abs(rows - np.asarray(refs, np.float64)).max(
+        axis=-1, initial=0.0)
+    n = rows.shape[-1]
+
+    def make(v):
+        digits, most = v
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("query", justify="right")
+        t.add_column(f"{name}[:{most}] of {n}" if n > most else name, no_wrap=True)
+        if diffs is not None:
+            t.add_column(f"max |{name} − ref|", justify="right", no_wrap=True)
+
+        def line(r):
+            cells = [str(queries[r]), values(rows[r], digits, most)]
+            return cells + ([] if diffs is None else [num(diffs[r], 3)])
+
+        fill(t, len(rows), line, show_all, unit="rows")
+        more = " (--json has every component)" if n > most else ""
+        return Group(Text(title + more), t)
+
+    return fit(make, width, LINE_VARIANTS)
 
 
 def rows_output(res, ref_rows, show_all: bool = False, width: int = 100) -> Group:
-    """The traced rows' outputs O / l, a column for each row, and under them each row's
-    largest difference from the float64 reference (ref_rows: (rows, dv), or None)."""
+    """The traced rows' outputs O / l, a line a row, each against the float64 reference
+    (ref_rows: (rows, dv), or None)."""
     if res.trace_outs is None:
         return Group()
-    outs = res.trace_outs
-    diffs = None if ref_rows is None else [
-        float(abs(o - r).max(initial=0.0)) for o, r in zip(outs, ref_rows, strict=True)]
-
-    def make(digits):
-        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        t.add_column("j", justify="right")
-        for qi in res.queries:
-            t.add_column(f"query {qi}", justify="right", no_wrap=True)
-        n = outs.shape[-1]
-        shown = elided(n, show_all)
-        for j in shown:
-            if j is None:
-                t.add_row(*(["⋮"] * len(t.columns)), style="dim")
-            else:
-                t.add_row(str(j), *(num(o[j], digits) for o in outs),
-                          end_section=j == shown[-1])
-        if diffs is not None:
-            t.add_row("max |O − ref|", *(num(x, 3) for x in diffs))
-        return Group(Text("output rows O / l, a column a row" + (
-            " (the last line: against float64)" if diffs else "")), t)
-
-    return fit(make, width, OUTPUT_DIGITS)
+    return row_lines("output rows O / l", "O", res.queries, res.trace_outs, ref_rows,
+                     show_all, width)
 
 
-__all__ = ["queries_text", "rows_output", "rows_trace", "tile_groups"]
+__all__ = ["queries_text", "row_lines", "rows_output", "rows_trace", "tile_groups"]

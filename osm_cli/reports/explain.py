@@ -8,8 +8,9 @@ an attention tile adds (Σ P = l − l_prev·α and P·V = O − O_prev·α), so
 the table's l and O came from. Lines are at most about 76 characters: a block with more than
 three terms shows its sum as one number.
 
-Leaves out: styling and layout (present/explain.py), the backward's lines (backward_lines
-below takes the numbers its caller computed).
+The backward's lines (backward_query_lines, backward_key_lines) read a GradStep's detail:
+the tile's own P, dP, D and dS on the traced row or key, and the gradients before and after.
+Leaves out: styling and layout (present/explain.py).
 """
 
 from __future__ import annotations
@@ -119,14 +120,84 @@ def attention_lines(step, o_prev: Sequence[float] | None, digits: int = 7) -> li
     return lines
 
 
-def backward_lines(p: Sequence[float], dp: Sequence[float], d: float, ds: Sequence[float],
-                   keys: Sequence[int], digits: int = 6) -> list[str]:
-    """dS = P∘(dP − D) on the traced query row, one key a line (the caller computed P, dP,
-    D = rowsum(dO∘O) and dS for the tile's keys)."""
-    lines = [f"dS = P∘(dP − D), D = rowsum(dO∘O) = {g(d, digits)}:"]
-    for j, pj, dpj, dsj in zip(keys, p, dp, ds, strict=True):
-        lines.append(f"  dS[{j}] = {g(pj, digits)}·({g(dpj, digits)} − {g(d, digits)}) = "
-                     f"{g(dsj, digits)}")
+VECTOR = 4  # a vector's entries written out before "…"
+
+
+def _vec(xs, count: int, digits: int) -> str:
+    """'[a, b, c, …]': the first VECTOR of xs, '…' when the tile holds more (count)."""
+    shown = [g(x, digits) for x in list(xs)[:VECTOR]]
+    return "[" + ", ".join(shown) + (", …" if count > len(shown) else "") + "]"
+
+
+def _ds_lines(det, first: int, what: str, fixed: int, digits: int) -> list[str]:
+    """dS = P∘(dP − D) entry by entry, all of a tile of up to TERMS + 1, else the first TERMS
+    (what: "keys", the row `fixed` along a tile's keys; or "rows", key `fixed` down a Q
+    tile's rows): dS[row, key]."""
+    many = len(det.d) > 1  # a key trace: each row its own D
+    most = det.count if det.count <= TERMS + 1 else TERMS
+    lines = []
+    for n in range(min(most, len(det.ds), len(det.dp))):
+        d = det.d[n] if many else det.d[0]
+        at = f"{first + n}, {fixed}" if what == "rows" else f"{fixed}, {first + n}"
+        lines.append(f"  dS[{at}] = {g(det.p[n], digits)}·("
+                     + plus(g(det.dp[n], digits), -float(d), digits)
+                     + f") = {g(float(det.ds[n]) + 0.0, digits)}")  # + 0.0: no "-0"
+    if det.count > most:
+        lines.append(f"  … {det.count - most} more {what}")
+    if det.factor:
+        lines.append("  (dS also carries the score transform's derivative: softcap's 1 − tanh², "
+                     "a score_mod's)")
+    return lines
+
+
+def _adds(det, digits: int) -> list[str]:
+    """'dQ[0] = before + share = after' for each gradient's leading components."""
+    lines = []
+    for name, before, add, after in det.adds:
+        for c, (b, a, x) in enumerate(zip(before, add, after, strict=True)):
+            lines.append(f"  {name}[{c}] = " + plus(g(b, digits), float(a), digits)
+                         + f" = {g(x, digits)}")
+    return lines
+
+
+def backward_query_lines(step, scale: float, digits: int = 6) -> list[str]:
+    """The arithmetic of one K/V tile of `osm backward`'s traced query row i (a GradStep with
+    its detail; step.query is i): P, dP, D, dS on the tile's keys, and dQ_i += scale·dS·K_j."""
+    det = step.detail
+    if step.masked or det is None:
+        return ["skipped, not computed: the mask hides these keys from the row's Q tile; dQ_i "
+                "unchanged"]
+    n = det.count
+    return [
+        f"P = exp(S − LSE) = {_vec(det.p, n, digits)}",
+        f"dP = dO_i·V_jᵀ = {_vec(det.dp, n, digits)}",
+        f"dS = P∘(dP − D), D = rowsum(dO_i∘O_i) = {g(det.d[0], digits)}:",
+        *_ds_lines(det, step.start, "keys", step.query, digits),
+        f"dQ_i += scale·dS·K_j (scale {g(scale, digits)}), on dQ_i's leading components:",
+        *_adds(det, digits),
+    ]
+
+
+def backward_key_lines(step, scale: float, key: int, digits: int = 6) -> list[str]:
+    """The arithmetic of one Q tile of `osm backward`'s traced key j: its column of P, dP and
+    dS over the tile's rows, their D, and dV_j += Pᵀ·dO_i, dK_j += scale·dSᵀ·Q_i."""
+    det = step.detail
+    if step.masked or det is None:
+        return ["skipped, not computed: the mask hides this key tile from these rows; dK_j, "
+                "dV_j unchanged"]
+    n = det.count
+    lines = [
+        f"P[:, {key}] = exp(S − LSE) = {_vec(det.p, n, digits)}",
+        f"dP[:, {key}] = dO·V[{key}] = {_vec(det.dp, n, digits)}",
+        f"D = rowsum(dO∘O) = {_vec(det.d, n, digits)}",
+        "dS = P∘(dP − D), row by row:",
+        *_ds_lines(det, step.start, "rows", key, digits),
+        f"dV_j += Σ_i P_ij·dO_i, dK_j += scale·Σ_i dS_ij·Q_i (scale {g(scale, digits)}):",
+        *_adds(det, digits),
+    ]
+    if det.heads > 1:
+        lines.append(f"  (the sums run over the {det.heads} query heads that read this kv head; "
+                     "the columns above are the traced head's)")
     return lines
 
 
@@ -149,8 +220,12 @@ def attention_step_lines(steps: Sequence, k: int, digits: int = 7) -> list[str]:
     return attention_lines(steps[k], prev, digits)
 
 
+BACKWARD_NOTE = ("P = exp(S − LSE): the forward's probabilities, recomputed from its LSE; "
+                 "D = rowsum(dO∘O), once per row before the loop")
+
 ATTENTION_NOTE = ("P = exp(S − m) on the tile's keys: ΣP is what the tile adds to l, P·V what it "
                   "adds to O")
 
-__all__ = ["ATTENTION_NOTE", "attention_heading", "attention_lines", "attention_step_lines",
-           "backward_lines", "g", "plus", "trace_heading", "trace_lines"]
+__all__ = ["ATTENTION_NOTE", "BACKWARD_NOTE", "attention_heading", "attention_lines",
+           "attention_step_lines", "backward_key_lines", "backward_query_lines", "g", "plus",
+           "trace_heading", "trace_lines"]
