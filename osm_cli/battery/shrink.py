@@ -1,7 +1,9 @@
 """Shrinking a failing case to the smallest (B, H, N_q, N_k, d, features) that still fails the
 same way, as hypothesis shrinks: drop each feature, halve each size, then step each down, taking
 the first smaller case that still fails one of the same tensors, until none does or the step
-budget is spent.
+budget is spent. A case that failed the forward (out or LSE) must keep failing it: a smaller
+case that fails a gradient alone is another bug (the Triton tutorial's forward, wrong at B > 1,
+shrank into its causal-only backward at B = 1 and was no longer reported).
 
 Leaves out: judging (judge.py). Example: shrink(target, result).case.id
 """
@@ -108,9 +110,10 @@ def candidates(case: Case, head_dims: tuple[int, ...], limits=None) -> Iterator[
 
 
 def shrink(target: Target, failed: CaseResult, rule: str = "fa", steps: int = 48) -> CaseResult:
-    """The smallest case found that still fails one of `failed`'s tensors, judged."""
+    """The smallest case found that still fails one of `failed`'s tensors (one of its forward
+    ones, out or lse, where it failed there), judged."""
     best = failed
-    want = set(failed.failed)
+    want = set(failed.failed) & FORWARD or set(failed.failed)
     tried = 0
     improved = True
     while improved and tried < steps:
@@ -128,5 +131,7 @@ def shrink(target: Target, failed: CaseResult, rule: str = "fa", steps: int = 48
                 break
     return best
 
+
+FORWARD = frozenset({"out", "lse"})
 
 __all__ = ["candidates", "shrink"]

@@ -358,6 +358,34 @@ def test_shrinking_keeps_within_the_limits():
     assert "base 2" in f.smallest.convention
 
 
+def _two_bugs(q, k, v, softmax_scale=None, causal=False):
+    """The two bugs the battery found in the Triton tutorial on the H200: batch b > 0 gets
+    batch 0's rows (its TMA row offset off_z + off_h·N_CTX), and its backward masks causally
+    whatever `causal` says."""
+    out, lse = flash_plain(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    out = out.copy()
+    out[1:] = out[:1]
+    return out, lse
+
+
+_two_bugs.osm_features = "causal,lse,grad"
+_two_bugs.osm_backward = lambda q, k, v, out, lse, dout, **kw: flash_plain.osm_backward(
+    q, k, v, out, lse, dout, **{**kw, "causal": True})
+
+
+def test_a_forward_bug_is_not_shrunk_into_a_gradient_bug():
+    # a B = 2 case fails out and the gradients; B = 1 without causal fails the gradients alone,
+    # which is the other bug: shrinking the first must keep out failing
+    rep = run(_two_bugs, arrays="numpy", head_dims="32", seqlens="equal", min_seqlen=16,
+              cases=3)
+    smallest = [f.smallest for f in rep.failures]
+    fwd = [s for s in smallest if "out" in s.failed]
+    assert fwd and all(s.case.b >= 2 for s in fwd), [s.case.id for s in smallest]
+    bwd = [s for s in smallest if "out" not in s.failed]
+    assert bwd and all(s.case.b == 1 and not s.case.causal for s in bwd)
+    assert (fwd[0].case.b, fwd[0].case.h, fwd[0].case.nq) == (2, 1, 16), fwd[0].case.id
+
+
 @pytest.mark.parametrize("spec", ["b1h2g2-q300k300-d32-bf16-mm.doc.1.120.7.172+causal-s3",
                                   "b1h2g1-q200k333-d32-bf16-sm.softcap.20-s4",
                                   "b2h2g2-q190k300-d32-bf16-sm.relbias-mm.prefix.37-s5"])
