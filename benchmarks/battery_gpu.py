@@ -12,7 +12,8 @@ SDPA's efficient, cudnn and math backends; and flex_attention torch.compile'd (b
 score_mod and mask_mod cases). osm's float64 reference and baseline run with torch on the GPU
 (the battery's reference "auto"). Every battery's table is appended to OUT/battery.txt (with the
 command it stands for) and its JSON document to OUT/battery.json, as each ends, and a
-summary line printed; OUT/versions.txt says what ran.
+summary line printed; OUT/versions.txt says what ran. --only NAME ... runs those targets in
+the order given; several runs may share one OUT (battery.json keeps the batteries already in it).
 
     python benchmarks/battery_gpu.py --triton 06-fused-attention.py --site /tmp/site --out $OUT
 
@@ -31,9 +32,13 @@ import types
 from pathlib import Path
 
 
-def triton_tutorial(path: str):
+def triton_tutorial(path: str, configs: int | None = None):
     """An adapter to the tutorial's attention: (B, N, H, d) to its (B, H, N, d) and back;
-    it declares causal and grad (its LSE, base 2, stays inside)."""
+    it declares causal and grad (its LSE, base 2, stays inside). configs: keep only the first
+    that many of its autotuner's configs that take every head dimension here (BLOCK_N ≤ 64;
+    num_stages 3, num_warps 4, the larger blocks first), since each config is a compile for
+    every head dimension and causal flag, and every new N_CTX is benchmarked on each (None:
+    all)."""
     if "pytest" not in sys.modules and importlib.util.find_spec("pytest") is None:
         stub = types.ModuleType("pytest")  # the tutorial decorates its test at import
         stub.mark = types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f))
@@ -41,11 +46,24 @@ def triton_tutorial(path: str):
     spec = importlib.util.spec_from_file_location("triton_fused_attention", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if configs is not None:
+        for label in ("_attn_fwd_tma", "_attn_fwd"):
+            tuner = getattr(mod, label)
+            fit = [c for c in tuner.configs if c.kwargs["BLOCK_N"] <= 64]
+            fit.sort(key=lambda c: (c.num_stages != 3, c.num_warps != 4,
+                                    -c.kwargs["BLOCK_N"], -c.kwargs["BLOCK_M"]))
+            tuner.configs = fit[:configs]
+            print(f"triton_tutorial: {label} autotunes over " + ", ".join(
+                f"BLOCK_M {c.kwargs['BLOCK_M']} BLOCK_N {c.kwargs['BLOCK_N']} stages "
+                f"{c.num_stages} warps {c.num_warps}" for c in tuner.configs), flush=True)
 
     def attn(q, k, v, softmax_scale=None, causal=False):
         t = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-        return mod.attention(*t, causal, scale).transpose(1, 2)
+        out = mod.attention(*t, causal, scale)
+        if out.requires_grad:  # its backward asserts a contiguous dO, as its test passes it
+            out.register_hook(lambda g: g.contiguous())
+        return out.transpose(1, 2)
 
     attn.osm_features = "causal,grad"
     # one N_CTX for Q and K; its backward asserts N_CTX % 128 == 0 and loads whole blocks of
@@ -66,9 +84,14 @@ def targets(args) -> list:
     if cuda and importlib.util.find_spec("flash_attn") is not None:
         out.append(("flash_attn_cute", "flash_attn.cute", both, args.budget))
     if args.triton:
-        out.append(("triton_tutorial", triton_tutorial(args.triton),
-                    {"dtypes": "fp16", "device": args.device, "head_dims": "64,128"},
-                    args.triton_budget))
+        try:
+            tutorial = triton_tutorial(args.triton, args.triton_configs)
+        except Exception as exc:  # noqa: BLE001 - a tutorial that does not load: say so, go on
+            print(f"triton_tutorial: could not load: {type(exc).__name__}: {exc}", flush=True)
+        else:
+            out.append(("triton_tutorial", tutorial,
+                        {"dtypes": "fp16", "device": args.device, "head_dims": "64,128"},
+                        args.triton_budget))
     for backend in backends[1:]:
         out.append((f"sdpa_{backend}", "sdpa", {**both, "backend": backend}, args.budget))
     if cuda:
@@ -108,6 +131,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--budget", default="quick", choices=("quick", "full"))
     ap.add_argument("--triton-budget", default="quick", choices=("quick", "full"))
+    ap.add_argument("--triton-configs", type=int, default=None,
+                    help="keep that many of the tutorial's autotuner configs (default: all)")
     ap.add_argument("--site", action="append", help="a folder holding FA4's unpacked wheels")
     ap.add_argument("--cases", type=int, default=None)
     ap.add_argument("--deadline-s", type=float, default=360.0)
@@ -127,10 +152,18 @@ def main() -> None:
     (out / "versions.txt").write_text(versions())
     print(versions(), flush=True)
     start = time.perf_counter()
-    docs: dict = {}
-    for name, fn, opts, budget in targets(args):
-        if args.only and name not in args.only:
-            continue
+    # a run before this one into the same OUT keeps its batteries
+    docs: dict = json.loads((out / "battery.json").read_text()) \
+        if (out / "battery.json").exists() else {}
+    todo = targets(args)
+    if args.only:
+        known = [t[0] for t in todo]
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            print(f"not targets here: {', '.join(unknown)} (known: {', '.join(known)})",
+                  flush=True)
+        todo = [t for n in args.only for t in todo if t[0] == n]
+    for name, fn, opts, budget in todo:
         left = args.deadline_s - (time.perf_counter() - start)
         if left < 20:
             print(f"{name}: not run (deadline)", flush=True)
