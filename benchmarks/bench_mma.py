@@ -11,7 +11,8 @@
    forward's matmuls are the two modes' only difference; the backward's own run through
    BLAS in both), each at H=8, N=2048, d=64 and H=32, N=4096, d=128. Interleaved: every
    repetition runs both modes, in turn, the first mode alternating, so that the load of a
-   shared machine hits both alike; medians of wall times reported.
+   shared machine hits both alike; medians of wall times reported, and beside them the
+   process's CPU time (both threads), which other work on the machine disturbs less.
 
 Goal (MET / MISSED): tensor-core ≤ 1.5× blas, forward and backward, at both sizes.
 
@@ -85,20 +86,26 @@ def machine() -> None:
     print("  load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """fn's wall time and the process's CPU time over it (all threads)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def interleaved(runs: dict, reps: int) -> dict:
+def interleaved(runs: dict, reps: int, cpu: dict | None = None) -> dict:
     """Median wall time of each run, the runs taken in turn each repetition, the first one
-    alternating."""
+    alternating; cpu, where given, gets the median CPU times."""
     times = {name: [] for name in runs}
+    cpus = {name: [] for name in runs}
     names = list(runs)
     for rep in range(reps):
         for name in names if rep % 2 == 0 else names[::-1]:
-            times[name].append(timed(runs[name]))
+            wall, used = timed(runs[name])
+            times[name].append(wall)
+            cpus[name].append(used)
+    if cpu is not None:
+        cpu.update({name: statistics.median(t) for name, t in cpus.items()})
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -118,10 +125,14 @@ def one_matmul(reps: int) -> None:
           f"BLAS), numpy {ns['numpy']:.1f} ({ns['numpy'] / ns['numba']:.0f}× numba)\n")
 
 
-def row(what: str, h: int, n: int, d: int, med: dict) -> float:
+def row(what: str, h: int, n: int, d: int, runs: dict, reps: int) -> float:
+    cpu: dict = {}
+    med = interleaved(runs, reps, cpu)
     ratio = med["tensor-core"] / med["blas"]
     print(f"   {what:8} H={h:<3} N={n:<5} d={d:<4} blas {med['blas']:7.2f} s   tensor-core "
-          f"{med['tensor-core']:7.2f} s   {ratio:5.2f}×  {'MET' if ratio <= GOAL else 'MISSED'}")
+          f"{med['tensor-core']:7.2f} s   {ratio:5.2f}×  {'MET' if ratio <= GOAL else 'MISSED'}"
+          f"   (CPU {cpu['blas']:.2f} s, {cpu['tensor-core']:.2f} s: "
+          f"{cpu['tensor-core'] / cpu['blas']:.2f}×)")
     return ratio
 
 
@@ -135,7 +146,7 @@ def forward(h: int, n: int, d: int, reps: int) -> float:
     m = model("bf16")
     runs = {how: (lambda how=how: run_flash(m, q, k, v, kernel="fa2", causal=True,
                                             trace_at=None, mma=how)) for how in MODES}
-    return row("forward", h, n, d, interleaved(runs, reps))
+    return row("forward", h, n, d, runs, reps)
 
 
 def backward(h: int, n: int, d: int, reps: int) -> float:
@@ -143,7 +154,7 @@ def backward(h: int, n: int, d: int, reps: int) -> float:
     m = model("bf16")
     runs = {how: (lambda how=how: flash_backward(m, q, k, v, do, kernel="fa2", mma=how,
                                                  causal=True, trace_at=None)) for how in MODES}
-    return row("backward", h, n, d, interleaved(runs, reps))
+    return row("backward", h, n, d, runs, reps)
 
 
 def main() -> None:

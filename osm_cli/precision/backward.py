@@ -17,7 +17,7 @@ Example: flash_backward(model("bf16"), q, k, v, do, out, lse).dq
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -85,7 +85,9 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
     (trace_at, trace_key, progress)."""
     from .presets import default_kernel
 
-    opts = opts or ScoreOptions()
+    # score options given as keywords (causal=True …) hold for the forward run here too
+    score = {key: kwargs.pop(key) for key in [key for key in kwargs if key in _SCORE_FIELDS]}
+    opts = replace(opts or ScoreOptions(), **score)
     name = kernel or default_kernel(m.name, opts)
     if tiling is None:
         d = np.shape(q)[-1]
@@ -109,6 +111,9 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
         return res
     dq, dk, dv = (round_to(x, m.dtype, x.dtype) for x in (res.dq, res.dk, res.dv))
     return replace(res, dq=dq, dk=dk, dv=dv)
+
+
+_SCORE_FIELDS = frozenset(f.name for f in fields(ScoreOptions))
 
 
 def _kernel_takes(opts: ScoreOptions, name: str) -> bool:

@@ -30,12 +30,16 @@ from __future__ import annotations
 import functools
 import lzma
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from .mma import HAVE_NUMBA
+
 F32 = np.float32
 DATA = Path(__file__).resolve().parent / "data" / "gpu_approx_h200.npz"
+FEW = 4096  # inputs below which ex2 stays in numpy while numba is not loaded
 TANH_LO, TANH_HI = -8, 2  # the input exponents tanh looks up a table for
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
@@ -167,6 +171,14 @@ def table(name: str, path: str | None = None) -> np.ndarray:
         return unpack(name, z[name])
 
 
+@functools.lru_cache(maxsize=4)
+def ex2_table(path: str | None = None) -> np.ndarray:
+    """ex2's two tables end to end, N then P (2^24 float32 values): the compiled ex2's one
+    lookup, its index the input's sign bit (clear: P) above its 23 fraction bits."""
+    with np.load(path or DATA) as z:
+        return np.concatenate([unpack("ex2_neg", z["ex2_neg"]), unpack("ex2_pos", z["ex2_pos"])])
+
+
 class _Tables:
     """t[name] -> table(name, path): each table read only when an op first needs it."""
 
@@ -183,15 +195,29 @@ def tables(path: str | None = None) -> _Tables:
 
 # ----------------------------------------------------------------------------- the ops
 def ex2(x, path: str | None = None) -> np.ndarray:
-    """ex2.approx.ftz.f32 of float32 x (any shape), as the H200 computes it."""
-    t = tables(path)
+    """ex2.approx.ftz.f32 of float32 x (any shape), as the H200 computes it: compiled where
+    numba is installed (_approx_numba.py, the same bits), else ex2_numpy; a few inputs take
+    ex2_numpy until numba is loaded anyway (its import costs more than they do)."""
+    x = np.asarray(x, dtype=F32)
+    if not HAVE_NUMBA or (x.size < FEW and "numba" not in sys.modules):
+        return ex2_numpy(x, path)
+    from ._approx_numba import ex2 as compiled
+
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(flat.shape, F32)
+    compiled(flat, ex2_table(path), out)
+    return out.reshape(x.shape)
+
+
+def ex2_numpy(x, path: str | None = None) -> np.ndarray:
+    """ex2 in numpy: the fixed-point split and the lookups as whole-array passes."""
     x = np.asarray(x, dtype=F32)
     a = np.abs(x).astype(np.float64)
     fin = a < 256.0
     X = np.floor(np.where(fin, a, 0.0) * 2.0**23).astype(np.int64)
     i, f = X >> 23, X & (2**23 - 1)
     neg = np.signbit(x)
-    v = np.where(neg, t["ex2_neg"][f], t["ex2_pos"][f]).astype(np.float64)
+    v = ex2_table(path)[np.where(neg, f, f + 2**23)].astype(np.float64)
     with np.errstate(over="ignore"):
         y = np.ldexp(v, np.where(neg, -i, i))
         y = np.where(y < 2.0**-126, 0.0, y)
@@ -247,5 +273,5 @@ def tanh(x, path: str | None = None) -> np.ndarray:
     return np.where(np.signbit(x), -y, y).astype(F32)
 
 
-__all__ = ["DATA", "ex2", "exp2_f64", "lg2", "pack", "predicted", "rcp", "table", "tables",
-           "tanh", "tanh_drop", "unpack"]
+__all__ = ["DATA", "ex2", "ex2_numpy", "ex2_table", "exp2_f64", "lg2", "pack", "predicted",
+           "rcp", "table", "tables", "tanh", "tanh_drop", "unpack"]

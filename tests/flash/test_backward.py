@@ -16,6 +16,7 @@ from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward
 from osm_cli.flash.forward import attention
+from osm_cli.flash.options import ScoreOptions
 from osm_cli.flash.reference import reference, reference_backward
 from osm_cli.precision.backward import fa2_backward_blocks, flash_backward, plain_backward
 from osm_cli.precision.dtypes import DTYPES, round_inputs, round_to
@@ -240,3 +241,19 @@ def test_flash_backward_model_rounds_like_a_kernel(dtype):
         np.testing.assert_array_equal(round_to(got, DTYPES[dtype], got.dtype), got)
         assert np.abs(got - ref).max() < np.abs(pt - ref).max()
         assert np.abs(pt - ref).max() < 0.05
+
+
+def test_flash_backward_score_keywords_reach_its_own_forward():
+    """causal=True as a keyword holds for the forward flash_backward runs itself (it once ran
+    that forward without the mask, so O and the LSE were another attention's)."""
+    m = model("bfloat16")
+    arrays = {n: rand(1, 2, 160, 32, seed=i).astype(np.float32) for i, n in enumerate("QKVD")}
+    (q, k, v, do), _ = round_inputs(arrays, DTYPES["bfloat16"])
+    by_keyword = flash_backward(m, q, k, v, do, causal=True, trace_at=None)
+    by_record = flash_backward(m, q, k, v, do, opts=ScoreOptions(causal=True), trace_at=None)
+    plain = flash_backward(m, q, k, v, do, trace_at=None)
+    for g in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(getattr(by_keyword, g), getattr(by_record, g))
+    assert not np.array_equal(by_keyword.dk, plain.dk)
+    ref = reference_backward(q, k, v, do, causal=True)
+    assert np.abs(by_keyword.dq - ref[0]).max() < 0.05

@@ -61,6 +61,28 @@ def test_ex2_is_a_fixed_point_split_of_the_input():
     assert ga.ex2(f32(-5.25))[0] == ga.ex2(n)[0] / 32
 
 
+@pytest.mark.skipif(not ga.HAVE_NUMBA, reason="numba is not installed: ex2 is ex2_numpy")
+def test_compiled_ex2_gives_the_numpy_paths_bits():
+    """The compiled ex2 (_approx_numba.py) against ex2_numpy: every sign and exponent with 2049
+    mantissas each (the extremes included), the edges of the range and the special values,
+    in shapes and orders other than flat and contiguous."""
+    rng = np.random.default_rng(7)
+    mant = np.concatenate([[0, 1, 2**22, 2**23 - 1], rng.integers(0, 2**23, 2045)])
+    bits = (np.arange(512, dtype=np.uint32)[:, None] << 23) | mant.astype(np.uint32)
+    edges = f32(0, -0.0, 255.99998, -255.99998, 256, -256, 126.5, -126.5, 127.99999,
+                -127.99999, 128, -149.5, np.inf, -np.inf, np.nan, -np.nan, 2**-23, -(2**-24))
+    x = np.concatenate([bits.reshape(-1).view(F32), edges])
+    with np.errstate(invalid="ignore"):
+        want = ga.ex2_numpy(x)
+    got = ga.ex2(x)
+    assert got.shape == x.shape and got.dtype == F32
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    square = x[:1024 * 1024].reshape(1024, 1024)
+    assert np.array_equal(ga.ex2(square.T).view(np.int32), want[:1024 * 1024].reshape(
+        1024, 1024).T.view(np.int32))
+    assert ga.ex2(f32()).shape == (0,) and ga.ex2(F32(-1.5)).shape == ()
+
+
 def test_lg2_values_and_rounding_toward_zero():
     y = ga.lg2(f32(1, 2, 1024, 2.0 ** 20, 0, -1, np.inf, np.nan, 1e-40))
     assert y[:4].tolist() == [0.0, 1.0, 10.0, 20.0]
