@@ -1,8 +1,9 @@
 """FlashAttention's keyword names turned into osm's option records, once for every public
 function: `score_options` (softmax_scale, causal, window_size, softcap, alibi_slopes,
 learnable_sink, the varlen and paged batch's arrays, and osm's layout, causal_align, attn_mask)
--> flash.options.ScoreOptions; `descale` (q_descale, k_descale, v_descale) -> emulate.Descale;
-and the parameters' documentation, written once and put into each function's docstring.
+-> flash.options.ScoreOptions; `descale` (q_descale, k_descale, v_descale) -> Descale (from
+precision/descale.py, where io/ reaches it too); and the parameters' documentation, written
+once and put into each function's docstring.
 
 FlashAttention's conventions: window_size=(left, right) with -1 (or None, FA4's) for an
 unbounded side, (-1, -1) no window; softcap=0.0 none; learnable_sink one logit per query head.
@@ -20,10 +21,9 @@ from __future__ import annotations
 
 import operator
 
-import numpy as np
-
 from osm_cli.errors import InputError
 from osm_cli.flash.options import ScoreOptions
+from osm_cli.precision.descale import descale
 
 # the keywords every public function takes, in signature order (score_options' own)
 SCORE = ("softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "learnable_sink",
@@ -62,27 +62,6 @@ def window(window_size) -> tuple | None:
         raise InputError("`window_size` must be a pair (left, right) of whole numbers of keys, "
                          f"-1 for an unbounded side; got {window_size!r}") from None
     return None if all(x < 0 for x in sides) else sides
-
-
-def descale(q_descale, k_descale, v_descale):
-    """FP8's descale factors as emulate.Descale (None when none is given): all three or none,
-    real numbers, held as float32."""
-    given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
-    if all(x is None for x in given.values()):
-        return None
-    missing = [n for n, x in given.items() if x is None]
-    if missing:
-        raise InputError("give `q_descale`, `k_descale` and `v_descale` together; missing "
-                         f"{', '.join(f'`{n}`' for n in missing)}")
-    from osm_cli.precision.emulate import Descale
-
-    arrays = {}
-    for name, x in given.items():
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "fiu":
-            raise InputError(f"`{name}` must hold real numbers; got dtype {arr.dtype}")
-        arrays[name[0]] = arr.astype(np.float32)
-    return Descale(**arrays)
 
 
 SCORE_DOC = """\

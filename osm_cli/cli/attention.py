@@ -13,85 +13,58 @@ from typing import Annotated
 
 import typer
 
-from osm_cli.errors import OsmError
-
 from .common import (
     check_outputs,
     emit_json,
     err,
     exports,
     guarded,
-    kernel_inputs,
     need_plot,
+    note,
     offer_page,
     out,
     page_wanted,
     present,
     progress,
+    qkv_inputs,
     save,
-    score_options,
 )
+from .groups import Descales, Inputs, Model, Mods, Scores, Shown, Traced, grouped, score_options
 from .options import (
     PLOT_LIMIT,
     AccumOpt,
-    Align,
-    BatchOpt,
     BlockQOpt,
-    CausalAlignOpt,
-    CausalOpt,
     CheckRule,
     CsvOpt,
-    DtypeOpt,
-    ExplainOpt,
     GradRule,
-    HeadOpt,
     InputDtypeOpt,
     JsonOpt,
-    KDescaleOpt,
-    Kernel,
-    KernelOpt,
-    Layout,
-    LayoutOpt,
     LseBase,
     MaskedLse,
-    MaskOpt,
-    Mma,
-    MmaOpt,
     NoReferenceOpt,
     PrecisionOpt,
-    QDescaleOpt,
-    QueryOpt,
     RandomOpt,
-    ScaleOpt,
     SeedOpt,
-    ShowAllOpt,
-    StepOpt,
     TileOrder,
     UpdateForm,
-    VDescaleOpt,
-    WindowOpt,
 )
 
 
 @guarded
 @exports
-@kernel_inputs
+@grouped
 def attention(
     files: Annotated[
         list[str] | None, typer.Argument(help="Q K V as .npy/.safetensors/.txt/.csv files, or "
                                          "one .npz or .safetensors holding q, k, v.")
     ] = None,
-    causal: CausalOpt = False,
-    causal_align: CausalAlignOpt = Align.bottom_right,
-    window: WindowOpt = None,
-    mask: MaskOpt = None,
-    scale: ScaleOpt = None,
+    *,
+    scores: Scores,
     block_q: BlockQOpt = None,
     block_k: Annotated[
         int | None, typer.Option("--block-k", min=1,
                                  help="Keys per tile (default 128 for d <= 64, else 64).")
     ] = None,
-    layout: LayoutOpt = Layout.bhnd,
     masked_lse: Annotated[
         MaskedLse | None, typer.Option("--masked-lse", help="LSE of fully masked rows "
                                        "(default: the kernel's own: fa2 pos-inf, fa4, "
@@ -100,15 +73,13 @@ def attention(
     form: Annotated[
         UpdateForm, typer.Option("--form", help="Update form of the online step.")
     ] = UpdateForm.rescale,
-    batch: BatchOpt = 0,
-    head: HeadOpt = 0,
-    query: QueryOpt = None,
+    traced: Traced,
     out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
     lse_path: Annotated[
         str | None, typer.Option("--lse", help="Write LSE (natural log) to this .npy.")
     ] = None,
     no_reference: NoReferenceOpt = False,
-    show_all: ShowAllOpt = False,
+    shown: Shown,
     splits: Annotated[
         int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
                                  "each to (O, LSE), merge, compare with the unsplit run.")
@@ -123,12 +94,8 @@ def attention(
                                    "(natural log; a kernel preset gets τ·log2(e), its log2 "
                                    "units; default 0, fa4-sm100's own 8 log2 units in 16 bit).")
     ] = None,
-    dtype: DtypeOpt = None,
-    kernel: KernelOpt = None,
-    mma: MmaOpt = Mma.blas,
-    q_descale: QDescaleOpt = None,
-    k_descale: KDescaleOpt = None,
-    v_descale: VDescaleOpt = None,
+    kernel: Model,
+    descales: Descales,
     precision: PrecisionOpt = None,
     accum: AccumOpt = None,
     input_dtype: InputDtypeOpt = None,
@@ -137,11 +104,10 @@ def attention(
         "--plot", metavar="FILE.png", help="Also draw the traced head's probability matrix (the "
         f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs: "
         "pip install 'osm-cli[plot]').")] = None,
-    step: StepOpt = False,
-    explain: ExplainOpt = False,
     random: RandomOpt = None,
     as_json: JsonOpt = False,
-    inputs=None,
+    inputs: Inputs,
+    mods: Mods,
 ):
     """Tiled FlashAttention forward on real Q/K/V tensors, traced tile by tile.
 
@@ -159,64 +125,58 @@ def attention(
       osm attention samples/qkv.npz --dtype bf16 --block-k 2
       osm attention samples/qkv.npz --dtype bf16 --kernel fa4
     """
-    from osm_cli import io
     from osm_cli.flash.options import Tiling
     from osm_cli.precision.dtypes import shared_narrow
     from osm_cli.precision.model import prepare
-    from osm_cli.present import attention as render
     from osm_cli.present import json as documents
-    from osm_cli.present import page as html_page
     from osm_cli.reports.attention import attention_report
+    from osm_cli.reports.rules import attention_views
 
     check_outputs(out=out_path, lse=lse_path, csv=csv, plot=plot)
-    if random is not None and files:
-        raise OsmError("give Q K V files or --random B,H,N,d, not both")
-    if random is None and not files:  # a usage error (exit 2), as a missing argument was
-        raise typer.BadParameter("give Q K V as files (or one .npz), or --random B,H,N,d",
-                                 param_hint="FILES")
-    if random is not None:
-        from osm_cli.studies.inputs import parse_shape, random_qkv
-
-        q, k, v = random_qkv(parse_shape(random), seed)
-        files = [f"--random {random} --seed {seed}"]
-    else:
-        q, k, v = io.load_qkv(files, input_dtype)
-    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, q)
-    if opts.packing.active and (plot or step or page_wanted()):
-        raise OsmError("--plot, --step and --html draw one dense head; a varlen or paged batch "
-                       "runs its sequences one by one (its trace is in the table, --csv, --json)")
-    dtype = dtype or shared_narrow(q, k, v)  # bfloat16 or float8 inputs: that kernel's model
-    lab, (q, k, v), notes = prepare(dtype, precision and precision.value,
-                                         accum and accum.value, q, k, v)
-    if lab is not None and lab.precision == "naive" and (csv or plot or step or page_wanted()):
-        raise OsmError("--csv, --plot, --step and --html show the tiles of the tiled run; "
-                       "--precision naive is one-shot attention")
-    scales = descales(q_descale, k_descale, v_descale)
+    q, k, v, names = qkv_inputs(files, random, seed, input_dtype)
+    opts = score_options(scores, q, inputs, mods)
+    views = {"csv": csv is not None, "plot": plot is not None, "step": shown.step,
+             "html": page_wanted()}
+    attention_views(packed=opts.packing.active, **views)
+    # bfloat16 or float8 inputs: that kernel's model
+    lab, (q, k, v), notes = prepare(kernel.dtype or shared_narrow(q, k, v),
+                                    precision and precision.value, accum and accum.value, q, k, v)
+    attention_views(naive=lab is not None and lab.precision == "naive", **views)
+    scales = descales.read()
     need_plot(plot)
-    tiling = Tiling(block_q=block_q, block_k=block_k, form=form.value)
     with progress() as tick:
         rep = attention_report(
-            q, k, v, opts, tiling, model=lab, notes=notes, splits=splits, order=order.value,
-            seed=seed, with_reference=not no_reference, progress=tick,
-            masked_lse=masked_lse and masked_lse.value, kernel=kernel and kernel.value,
-            mma=mma.value, descale=scales, rescale_threshold=rescale_threshold,
-            trace_at=inputs.traced(batch, head, query))
-    res = rep.result
-    save((out_path, rep.stored_out, None), (lse_path, res.lse, None),
-         *attention_files(csv, plot, res, q, k, opts, files))
+            q, k, v, opts, Tiling(block_q=block_q, block_k=block_k, form=form.value), model=lab,
+            notes=notes, splits=splits, order=order.value, seed=seed,
+            with_reference=not no_reference, progress=tick,
+            masked_lse=masked_lse and masked_lse.value, kernel=kernel.name,
+            mma=kernel.mma.value, descale=scales, rescale_threshold=rescale_threshold,
+            trace_at=traced.at())
+    save((out_path, rep.stored_out, None), (lse_path, rep.result.lse, None),
+         *attention_files(csv, plot, rep.result, q, k, opts, names))
     if as_json:
         return emit_json(documents.attention_doc(rep))
+    show_attention(rep, q, k, opts, shown)
+
+
+def show_attention(rep, q, k, opts, shown) -> None:
+    """attention's screen: the summary, the traced row's tiles (and their arithmetic), or one
+    tile at a time under --step; the interactive page offered for --html."""
+    from osm_cli.present import attention as render
+    from osm_cli.present import page as html_page
+
+    res = rep.result
     offer_page(lambda screen: html_page.page(html_page.attention_doc(rep, q, k, opts), screen))
     heads = render.attention_heads(rep)
     # step mode keeps the summary (its errors give the end away) for after the last tile
     frame = functools.partial(render.attention_step_frame, [], res, width=out.width)
-    tables = [render.attention_trace(res, out.width, show_all)]
-    if explain:
+    tables = [render.attention_trace(res, out.width, shown.show_all)]
+    if shown.explain:
         from osm_cli.present.explain import attention_explained
 
-        tables.append(attention_explained(res, show_all))
-    if present(step, heads, [(frame, len(res.trace), "tile")], tables, after=heads):
-        out.print(render.attention_results(rep, show_all, out.width))
+        tables.append(attention_explained(res, shown.show_all))
+    if present(shown.step, heads, [(frame, len(res.trace), "tile")], tables, after=heads):
+        out.print(render.attention_results(rep, shown.show_all, out.width))
 
 
 def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options)
@@ -224,23 +184,18 @@ def JudgedOpt(flag: str, what: str):  # noqa: N802 (a type, as the other options
 
 
 @guarded
-@kernel_inputs
+@grouped
 def check(
     files: Annotated[list[str], typer.Argument(
         help="BUNDLE: one .npz or .safetensors holding out, q, k, v (and any of lse, do, dq, dk, "
         "dv); or OUT Q K V (OUT shaped like Q with V's head dim); or OUT and one file holding "
         "q, k, v. Tensor files are .npy, .npz or .safetensors.",
         metavar="BUNDLE | OUT Q K V | OUT QKV", show_default=False)],
+    *,
     lse: Annotated[str | None, typer.Option(
         "--lse", help="The kernel's LSE (natural log) as a tensor file, to judge too (a BUNDLE "
         "holds its own).")] = None,
-    dtype: DtypeOpt = None,
-    causal: CausalOpt = False,
-    causal_align: CausalAlignOpt = Align.bottom_right,
-    window: WindowOpt = None,
-    mask: MaskOpt = None,
-    scale: ScaleOpt = None,
-    layout: LayoutOpt = Layout.bhnd,
+    scores: Scores,
     do: Annotated[str | None, typer.Option(
         "--do", help="The upstream gradient dO (.npy) the kernel's gradients were computed "
         "for.")] = None,
@@ -270,11 +225,8 @@ def check(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst rows and heads to list.")] = 5,
     no_model: Annotated[bool, typer.Option(
         "--no-model", help="Skip running osm's flash model on the same inputs.")] = False,
-    kernel: KernelOpt = None,
-    mma: MmaOpt = Mma.blas,
-    q_descale: QDescaleOpt = None,
-    k_descale: KDescaleOpt = None,
-    v_descale: VDescaleOpt = None,
+    kernel: Model,
+    descales: Descales,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
     block_mask: Annotated[str | None, typer.Option(
@@ -283,7 +235,10 @@ def check(
         "FA4's mask_block_cnt, …; block_size (2,), default 128,128), judged against "
         "--mask-mod: a tile claimed full that is partial, or left out with a visible key, "
         "is named and fails the check.")] = None,
-    inputs=None,
+    inputs: Inputs,
+    mods: Mods,
+    seq: Annotated[int | None, typer.Option("--seq", min=0, hidden=True)] = None,  # taken as
+    # before the option groups (check traces no row); hidden, as it does nothing here
 ):
     """Judge a kernel's output (and LSE) the way FlashAttention's own tests do.
 
@@ -306,48 +261,27 @@ def check(
     """
     from osm_cli import io
     from osm_cli.precision.check import check as judge
-    from osm_cli.precision.check import output_dtype
-    from osm_cli.precision.presets import default_kernel
+    from osm_cli.precision.presets import judged_as
     from osm_cli.present import json as documents
     from osm_cli.present.verdicts import check_report, fail_line
 
     from .flags import flag
 
-    if len(files) == 1:
-        unused = io.unused_names(files[0])
-        if unused and strict:
-            raise OsmError(f"{files[0]}: holds {', '.join(unused)}, which osm check does not "
-                           "use (--strict refuses them)")
-        if unused:
-            err.print(f"ignored: {', '.join(unused)} ({files[0]}: osm check does not use "
-                      f"{'it' if len(unused) == 1 else 'them'})", markup=False, soft_wrap=True)
+    ignored(files, strict)
     t = io.load_kernel_tensors(files, lse, input_dtype,
                                {"do": do, "dq": dq, "dk": dk, "dv": dv})
     o, name = t.pop("out"), t.pop("name")
-    dt = dtype or output_dtype(o, name)
-    opts = score_options(causal, causal_align, window, mask, scale, layout, inputs, t["q"])
+    dt, said = judged_as(kernel.dtype, kernel.name, o, name, t["q"], t["k"], t["v"])
+    opts = score_options(scores, t["q"], inputs, mods)
     if len(files) == 1:  # a bundle's own varlen, paged, sink and ALiBi arrays, unless given
-        from dataclasses import replace
-
-        held = io.bundle_inputs(files[0])
-        opts = replace(opts, **{n: x for n, x in held.items() if getattr(opts, n) is None})
-    from osm_cli.precision.dtypes import dtype_name, fitting_16bit, resolve_dtype
-
-    dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
-    if dtype is None and kernel not in (None, Kernel.tiles) and dname == "float32":
-        narrow = fitting_16bit(o, t["q"], t["k"], t["v"])  # a preset takes 16-bit inputs
-        if narrow is not None:
-            err.print(f"note: --kernel {kernel.value} takes 16-bit inputs; OUT, Q, K and V are "
-                      f"float32 holding {narrow} values: judged as {narrow} (--dtype chooses)",
-                      markup=False, soft_wrap=True)
-            dname = dt = narrow
-    kname = (kernel and kernel.value) or default_kernel(dname, opts)
-    scales = descales(q_descale, k_descale, v_descale)
-    blocks_ok = True if block_mask is None else _block_mask(block_mask, opts, t["q"], t["k"])
+        opts = io.with_bundle_inputs(opts, files[0])
+    note(said)
+    scales = descales.read()
+    blocks_ok = block_mask is None or judge_block_mask(block_mask, opts, t["q"], t["k"])
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, top=top, with_model=not no_model,
-                opts=opts, grad_rule=grad_rule.value, kernel=kernel and kname, mma=mma.value,
-                descale=scales, rule=rule.value, lse_base=lse_base.value, probe=not no_probe,
-                rules_table=rules_table, **t)
+                opts=opts, grad_rule=grad_rule.value, kernel=kernel.name,
+                mma=kernel.mma.value, descale=scales, rule=rule.value,
+                lse_base=lse_base.value, probe=not no_probe, rules_table=rules_table, **t)
     if as_json:
         emit_json(documents.check_doc(rep, flag))
     else:
@@ -358,49 +292,33 @@ def check(
         raise typer.Exit(1)
 
 
-def _block_mask(path: str, opts, q, k) -> bool:
+def ignored(files: list[str], strict: bool) -> None:
+    """A BUNDLE's arrays check does not use: refused under --strict, else listed on stderr."""
+    from osm_cli import io
+    from osm_cli.reports.rules import bundle_unused
+
+    if len(files) != 1:
+        return
+    unused = io.unused_names(files[0])
+    bundle_unused(files[0], unused, strict)
+    if unused:
+        err.print(f"ignored: {', '.join(unused)} ({files[0]}: osm check does not use "
+                  f"{'it' if len(unused) == 1 else 'them'})", markup=False, soft_wrap=True)
+
+
+def judge_block_mask(path: str, opts, q, k) -> bool:
     """check --block-mask: the kernel's block mask judged against the mask_mod, its verdict
     and wrong tiles printed; False when it fails."""
-    import numpy as np
-
     from osm_cli import io
-    from osm_cli.flash.blockmask import judge_block_mask
-    from osm_cli.flash.shapes import as_bhnd
+    from osm_cli.flash.blockmask import judge_against
+    from osm_cli.present.verdicts import block_mask_lines
 
-    if opts.mask_mod is None:
-        raise OsmError("--block-mask is judged against the mask_mod: give --mask-mod")
-    arrays = io.load_named(path)
-    size = arrays.pop("block_size", (128, 128))
-    q4, k4 = as_bhnd(np.asarray(q), opts.layout, "Q"), as_bhnd(np.asarray(k), opts.layout, "K")
-    rep = judge_block_mask(opts.mask_mod, q4.shape[0], q4.shape[1], q4.shape[2], k4.shape[2],
-                           arrays, np.ravel(size))
-    verdict = "PASS" if rep.passed else "FAIL"
-    out.print(f"block mask {verdict}: {rep.wrong_count} wrong of {rep.tiles} tiles "
-              f"(block {rep.block_q}×{rep.block_k} against {opts.mask_mod.name})"
-              + (f"; {rep.slower} claimed partial that are full or empty (slower, not wrong)"
-                 if rep.slower else ""), markup=False, soft_wrap=True)
-    for line in rep.wrong:
-        out.print(f"  {line}", markup=False, soft_wrap=True)
+    rep = judge_against(opts, q, k, lambda: io.load_named(path))
+    for line in block_mask_lines(rep, opts.mask_mod.name):
+        out.print(line, markup=False, soft_wrap=True)
     if not rep.passed:
         err.print(f"FAIL: block mask: {rep.wrong[0]}", markup=False, soft_wrap=True)
     return rep.passed
-
-
-def descales(q_path: str | None, k_path: str | None, v_path: str | None):
-    """--q-descale, --k-descale, --v-descale as an emulate.Descale (None when none is given):
-    each a tensor file of real numbers, all three or none (api.keywords.descale says)."""
-    from osm_cli import io
-    from osm_cli.api.keywords import descale
-
-    paths = {"q": q_path, "k": k_path, "v": v_path}
-    arrays = {}
-    for n, p in paths.items():
-        if p is not None and all(x is not None for x in paths.values()):
-            arrays[n] = io.load_array(Path(p), mmap=False)
-            io.check_real(arrays[n], p)
-    if len(arrays) < 3:  # none given, or a missing one named by descale
-        return descale(*(None if p is None else 0.0 for p in paths.values()))
-    return descale(arrays["q"], arrays["k"], arrays["v"])
 
 
 def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:

@@ -1,5 +1,5 @@
-"""What the commands share: the consoles, attention's ScoreOptions from the shared options,
-errors turned into "Error: …" and exit codes, output files, step mode and the progress bar.
+"""What the commands share: the consoles, errors turned into "Error: …" and exit codes, notes,
+Q/K/V from files or --random, output files, step mode and the progress bar.
 
 Nothing heavy is imported here at start-up (numpy, rich, the layers below): `osm --help` builds
 every command's options from this module and options.py alone, so each helper, and each command
@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -53,130 +52,22 @@ class Screen:
 out, err = Screen(), Screen(stderr=True)
 
 
-def score_options(causal: bool, causal_align, window: str | None, mask: str | None,
-                  scale: float | None, layout, inputs: KernelInputs | None = None, q=None):
-    """attention's ScoreOptions from the shared options, built once per command; a scale of 0 or
-    below is legal, and said to be unusual on stderr. inputs (from @kernel_inputs) adds the
-    kernels' softcap, ALiBi, sinks, varlen and paged KV, their files read here; q (Q as
-    loaded) tells --alibi auto how many heads there are."""
+def note(text: str | None) -> None:
+    """A library's note (in parameter words) as one "note: …" line on stderr; None: nothing."""
+    if text is not None:
+        err.print(f"note: {as_flags(text)}", markup=False, soft_wrap=True)
+
+
+def qkv_inputs(files, random: str | None, seed: int, raw_as: str | None):
+    """(q, k, v, names) from Q K V files or --random (io.qkv_source); neither is a usage error
+    (exit 2), as a missing argument is."""
     from osm_cli import io
-    from osm_cli.flash.options import ScoreOptions
 
-    if scale is not None and scale <= 0:
-        what = ("makes every score 0: each row averages V over the keys it sees" if scale == 0
-                else "is negative: each row favours the keys least like its query")
-        err.print(f"note: --scale {scale:g} {what}", markup=False, soft_wrap=True)
-    win = None if window is None else io.parse_pair(window, "--window")
-    extra = {} if inputs is None else inputs.resolve(q, layout.value)
-    return ScoreOptions(causal=causal, scale=scale, layout=layout.value,
-                        causal_align=causal_align.value, window=win,
-                        mask=None if mask is None else io.load_mask(mask), **extra)
-
-
-@dataclass(frozen=True)
-class KernelInputs:
-    """The kernels' inputs as the command line gave them (files not yet read)."""
-
-    softcap: float | None = None
-    alibi: str | None = None
-    sinks: str | None = None
-    cu_seqlens_q: str | None = None
-    cu_seqlens_k: str | None = None
-    seqused_k: str | None = None
-    page_table: str | None = None
-    kv_layout: str = "nhd"
-    seq: int | None = None
-    score_mod: str | None = None
-    mask_mod: tuple | None = None  # repeated --mask-mod: and-ed
-
-    @property
-    def packed(self) -> bool:
-        return any(x is not None for x in (self.cu_seqlens_q, self.cu_seqlens_k,
-                                           self.seqused_k, self.page_table))
-
-    def traced(self, batch: int, head: int, query) -> tuple:
-        """The traced row (query an int) or rows (a tuple: --query 0:4): --seq (for a packed
-        batch) in place of --batch."""
-        if not isinstance(query, int):  # --query's list (options.query_rows): one is an int
-            query = int(query[0]) if len(query) == 1 else tuple(int(i) for i in query)
-        return (batch if self.seq is None else self.seq, head, query)
-
-    def resolve(self, q, layout: str) -> dict:
-        """ScoreOptions' keywords: the files read and checked, --alibi auto's slopes made."""
-        import numpy as np
-
-        from osm_cli import io
-        from osm_cli.flash.options import alibi_auto
-
-        def load(path, name, ints=False):
-            arr = io.load_array(Path(path), mmap=False)
-            io.check_real(arr, path)
-            if ints and arr.dtype.kind not in "iu":
-                raise OsmError(f"{path}: {name} must hold integers; it has dtype {arr.dtype}")
-            return arr
-
-        got = {"softcap": self.softcap, "kv_layout": self.kv_layout}
-        for name in ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table"):
-            path = getattr(self, name)
-            if path is not None:
-                got[name] = load(path, "--" + name.replace("_", "-"), ints=True)
-        if self.sinks is not None:
-            got["sinks"] = load(self.sinks, "--sinks")
-        if self.alibi == "auto":
-            shape = np.shape(q)
-            heads = shape[-2] if self.packed or layout == "bnhd" or len(shape) < 3 else (
-                shape[-3])
-            got["alibi_slopes"] = alibi_auto(1 if len(shape) < 3 else heads)
-        elif self.alibi is not None:
-            got["alibi_slopes"] = load(self.alibi, "--alibi")
-        if self.score_mod is not None or self.mask_mod:
-            from osm_cli.flash.mods import all_of, from_spec
-
-            shape = np.shape(q)
-            heads = 1 if len(shape) < 3 else shape[-2] if self.packed or layout == "bnhd" \
-                else shape[-3]
-            read = functools.partial(load, name="a mod's table")
-            if self.score_mod is not None:
-                got["score_mod"] = from_spec(self.score_mod, "score", read, io.load_function,
-                                             heads)
-            if self.mask_mod:
-                got["mask_mod"] = all_of(*(from_spec(spec, "mask", read, io.load_function,
-                                                     heads) for spec in self.mask_mod))
-        return got
-
-
-def kernel_inputs(fn):
-    """Give a command the kernels' own inputs (--softcap, --alibi, --sinks, --cu-seqlens-q,
-    --cu-seqlens-k, --seqused-k, --page-table, --kv-layout, --seq, --score-mod, --mask-mod),
-    passed to it as one KernelInputs keyword `inputs`. One line above its definition (under
-    @guarded)."""
-    import inspect
-
-    from . import options as o
-
-    names = {"softcap": o.SoftcapOpt, "alibi": o.AlibiOpt, "sinks": o.SinksOpt,
-             "cu_seqlens_q": o.CuSeqlensQOpt, "cu_seqlens_k": o.CuSeqlensKOpt,
-             "seqused_k": o.SequsedKOpt, "page_table": o.PageTableOpt,
-             "kv_layout": o.KvLayoutOpt, "seq": o.SeqOpt, "score_mod": o.ScoreModOpt,
-             "mask_mod": o.MaskModOpt}
-    sig = inspect.signature(fn, eval_str=True)
-    kept = [p for n, p in sig.parameters.items() if n != "inputs"]
-    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a,
-                               default=o.KvLayout.nhd if n == "kv_layout" else None)
-             for n, a in names.items()]
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        given = {n: kwargs.pop(n, None) for n in names}
-        layout = given["kv_layout"]
-        given["kv_layout"] = "nhd" if layout is None else getattr(layout, "value", layout)
-        given["mask_mod"] = tuple(given["mask_mod"]) if given["mask_mod"] else None
-        return fn(*args, inputs=KernelInputs(**given), **kwargs)
-
-    wrapper.__signature__ = sig.replace(parameters=[*kept, *extra])
-    wrapper.__annotations__ = {**{k: v for k, v in fn.__annotations__.items() if k != "inputs"},
-                               **names}
-    return wrapper
+    if random is None and not files:
+        raise typer.BadParameter("give Q K V as files (or one .npz), or --random B,H,N,d",
+                                 param_hint="FILES")
+    q, k, v, names = io.qkv_source(files, random, seed, raw_as)
+    return q, k, v, names if random is None else [as_flags(n) for n in names]
 
 
 def fail(message: str, code: int = 1):

@@ -12,40 +12,16 @@ from typing import Annotated
 
 import typer
 
-from osm_cli.errors import OsmError
-
-from .common import (
-    KernelInputs,
-    check_outputs,
-    emit_json,
-    guarded,
-    need_plot,
-    out,
-    save,
-    score_options,
-)
+from .common import check_outputs, emit_json, guarded, need_plot, out, save
+from .groups import Model, Mods, Scores, grouped, score_options
 from .options import (
     AccumDtype,
-    Align,
     BlockQOpt,
-    CausalAlignOpt,
-    CausalOpt,
-    DtypeOpt,
     InputDtypeOpt,
     JsonOpt,
-    KernelOpt,
-    Layout,
-    LayoutOpt,
     LseBase,
-    MaskModOpt,
-    MaskOpt,
-    Mma,
-    MmaOpt,
-    ScaleOpt,
-    ScoreModOpt,
     SweepCsvOpt,
     ValuesOpt,
-    WindowOpt,
     block_list,
     size,
 )
@@ -98,6 +74,7 @@ def merge(
 
 
 @guarded
+@grouped
 def sweep(
     files: Annotated[list[str] | None, typer.Argument(
         help="Scores (text, .csv, .npy/.npz/.safetensors file, or '-' for standard input), or Q "
@@ -120,23 +97,16 @@ def sweep(
     accum: Annotated[AccumDtype, typer.Option(
         "--accum", help="Hold the scores (Q/K/V) and the state in this dtype; the reference is "
         "float64.")] = AccumDtype.float64,
-    causal: CausalOpt = False,
-    causal_align: CausalAlignOpt = Align.bottom_right,
-    window: WindowOpt = None,
-    mask: MaskOpt = None,
-    scale: ScaleOpt = None,
-    layout: LayoutOpt = Layout.bhnd,
+    *,
+    scores: Scores,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw error, rescales and traffic vs block size.")
     ] = None,
     csv: SweepCsvOpt = None,
-    dtype: DtypeOpt = None,
-    kernel: KernelOpt = None,
-    mma: MmaOpt = Mma.blas,
+    kernel: Model,
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
-    score_mod: ScoreModOpt = None,
-    mask_mod: MaskModOpt = None,
+    mods: Mods,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
 
@@ -157,45 +127,23 @@ def sweep(
     from osm_cli.present import json as documents
     from osm_cli.present import plot as plots
     from osm_cli.present import tables as render
-    from osm_cli.studies.sweep import sweep_attention, sweep_scores
+    from osm_cli.reports.rules import sweep_options
+    from osm_cli.studies.sweep import sweep_scores
 
     files = files or []
     need_plot(plot)
     check_outputs(plot=plot, csv=csv)
     qkv = io.is_qkv(files)
-    sweep_checks(files, qkv, values, head_dim, causal or (window, mask, scale) != (None,) * 3
-                  or layout is not Layout.bhnd or causal_align is not Align.bottom_right)
-    if not qkv and (dtype is not None or kernel is not None or mma is not Mma.blas):
-        raise OsmError("--dtype, --kernel and --mma model a kernel on Q/K/V; scores run the "
-                       "online softmax alone")
+    sweep_options(files, qkv, values, head_dim, scores.given, kernel != Model())
     if qkv:
-        from osm_cli.precision.dtypes import shared_narrow
-
-        opts = score_options(causal, causal_align, window, mask, scale, layout)
-        q, k, v = io.load_qkv(files, input_dtype)
-        if score_mod is not None or mask_mod:
-            from dataclasses import replace
-
-            got = KernelInputs(score_mod=score_mod, mask_mod=tuple(mask_mod or ()) or None)
-            opts = replace(opts, **{n: x for n, x in got.resolve(q, layout.value).items()
-                                    if n in ("score_mod", "mask_mod")})
-        name = kernel and kernel.value
-        if name not in (None, "tiles"):
-            dtype = dtype or shared_narrow(q, k, v)  # bf16 or FP8 inputs: their model
-        res = sweep_attention(blocks, q, k, v, accum=accum.value, block_q=block_q,
-                              dtype_bytes=dtype_bytes, sram_bytes=sram, opts=opts, dtype=dtype,
-                              kernel=name, mma=mma.value)
-        name = files[0] if len(files) == 1 else " ".join(files)
-        shapes = (q.shape, k.shape, v.shape)
-        about = render.attention_sweep_about(res, shapes, opts, accum.value)
-        doc = documents.attention_sweep_doc(res, name, accum.value, shapes, opts)
+        res, name, about, doc = _sweep_qkv(files, blocks, sram, block_q, dtype_bytes,
+                                           accum.value, scores, kernel, input_dtype, mods)
     else:
         s, name = io.load_scores(files[0] if files else None, values, input_dtype)
-        if score_mod is not None or mask_mod:  # row r is q_idx r, position j is kv_idx j
+        if mods.score_mod is not None or mods.mask_mod:  # row r is q_idx r, position j kv_idx j
             from osm_cli.flash.mods import modded_scores
 
-            got = KernelInputs(score_mod=score_mod, mask_mod=tuple(mask_mod or ()) or None)
-            got = got.resolve(s, "bhnd")
+            got = io.read_mods(**mods.keywords(), heads=io.heads_of(s, "bhnd", False))
             s = modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
@@ -237,15 +185,29 @@ def cost(
     out.print(render.cost_table(c))
 
 
-def sweep_checks(files, qkv: bool, values, head_dim, mask_given: bool) -> None:
-    """sweep's option checks: --values and --head-dim are for scores, the mask options for
-    Q/K/V, and scores come from one file at most."""
-    if qkv and (values is not None or head_dim is not None):
-        raise OsmError("--values and --head-dim are for scores; Q/K/V carry their own keys and "
-                       "head dim")
-    if not qkv and len(files) > 1:
-        raise OsmError(f"sweep takes SCORES, or Q K V (three .npy files or one .npz with q, k, "
-                       f"v); got {len(files)} files")
-    if not qkv and mask_given:
-        raise OsmError("--causal, --causal-align, --window, --mask, --scale and --layout are for "
-                       "Q/K/V; scores carry their mask as -inf")
+def _sweep_qkv(files, blocks, sram, block_q, dtype_bytes, accum: str, scores, kernel, raw_as,
+               mods):
+    """sweep over Q/K/V: (result, name, the about line, the JSON document)."""
+    from osm_cli import io
+    from osm_cli.precision.dtypes import shared_narrow
+    from osm_cli.present import json as documents
+    from osm_cli.present import tables as render
+    from osm_cli.studies.sweep import sweep_attention
+
+    opts = score_options(scores)
+    q, k, v = io.load_qkv(files, raw_as)
+    if mods.score_mod is not None or mods.mask_mod:
+        from dataclasses import replace
+
+        opts = replace(opts, **io.read_mods(**mods.keywords(),
+                                            heads=io.heads_of(q, opts.layout, False)))
+    dtype = kernel.dtype
+    if kernel.name not in (None, "tiles"):
+        dtype = dtype or shared_narrow(q, k, v)  # bf16 or FP8 inputs: their model
+    res = sweep_attention(blocks, q, k, v, accum=accum, block_q=block_q, dtype_bytes=dtype_bytes,
+                          sram_bytes=sram, opts=opts, dtype=dtype, kernel=kernel.name,
+                          mma=kernel.mma.value)
+    name = files[0] if len(files) == 1 else " ".join(files)
+    shapes = (q.shape, k.shape, v.shape)
+    return (res, name, render.attention_sweep_about(res, shapes, opts, accum),
+            documents.attention_sweep_doc(res, name, accum, shapes, opts))

@@ -15,7 +15,6 @@ import typer
 from osm_cli.errors import OsmError
 
 from .common import (
-    KernelInputs,
     check_outputs,
     emit_json,
     exports,
@@ -27,6 +26,7 @@ from .common import (
     present,
     save,
 )
+from .groups import Mods, grouped
 from .options import (
     DTYPES_HELP,
     CsvOpt,
@@ -35,9 +35,7 @@ from .options import (
     Form,
     InputDtypeOpt,
     JsonOpt,
-    MaskModOpt,
     PrecisionOpt,
-    ScoreModOpt,
     SeedOpt,
     SoftcapOpt,
     StepOpt,
@@ -46,11 +44,10 @@ from .options import (
     dtype_names,
 )
 
-WHOLE = 4096  # a trace of up to this many blocks keeps every step (more: the first and last)
-
 
 @guarded
 @exports
+@grouped
 def trace(
     scores: Annotated[
         str | None,
@@ -85,8 +82,8 @@ def trace(
     sink: Annotated[float | None, typer.Option(
         "--sink", help="A sink logit: one more score, of value 0, in the denominator only "
         "(gpt-oss, FA4's learnable_sink).")] = None,
-    score_mod: ScoreModOpt = None,
-    mask_mod: MaskModOpt = None,
+    *,
+    mods: Mods,
 ):
     """Trace online softmax over a score vector, block by block.
 
@@ -101,7 +98,6 @@ def trace(
       osm trace samples/matrix.txt --row 1 --json
       osm trace --values "1,2,5,3" --sink 4 --softcap 3
     """
-    import numpy as np
 
     from osm_cli import io
     from osm_cli.present import csv as export
@@ -111,25 +107,21 @@ def trace(
     from osm_cli.present import plot as plots
     from osm_cli.present import trace as render
     from osm_cli.present.format import HEAD
+    from osm_cli.reports.rules import WHOLE, trace_blocks, trace_mods, trace_options
     from osm_cli.reports.trace import trace_report
 
     s, name = io.load_scores(scores, values, input_dtype)
-    if score_mod is not None or mask_mod:  # row r is q_idx r, position j is kv_idx j
+    if mods.score_mod is not None or mods.mask_mod:  # row r is q_idx r, position j kv_idx j
         from osm_cli.flash.mods import modded_scores
 
-        if softcap is not None and score_mod is not None:
-            raise OsmError("give --softcap or --score-mod (softcap:C is one), not both")
-        got = KernelInputs(score_mod=score_mod, mask_mod=tuple(mask_mod or ()) or None).resolve(
-            s, "bhnd")
+        trace_mods(softcap, mods.score_mod)
+        got = io.read_mods(**mods.keywords(), heads=io.heads_of(s, "bhnd", False))
         s = modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
-    trace_checks(s, name, row, form, rescale_threshold, dtype, precision,
+    trace_options(s, name, row, form.value, rescale_threshold, dtype, precision,
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
     check_outputs(csv=csv, plot=plot)
-    blocks = -(-np.atleast_2d(s).shape[-1] // block)
-    if page_wanted() and blocks > WHOLE:
-        raise OsmError(f"--html shows every block; {blocks} blocks are more than the page holds "
-                       f"({WHOLE}): a larger --block makes fewer")
+    blocks = trace_blocks(s, block, page_wanted())
     # the table shows the first and last HEAD steps: a long trace keeps only those (the CSV,
     # JSON, plot, --all, --step and --html make or need every step)
     # up to WHOLE blocks are kept whole, so that the table can show every block where m moved
@@ -189,21 +181,3 @@ def overflow_demo(
                        "for NaN and for +inf (inf / inf)")
     dtypes = tuple(dict.fromkeys(dtype)) if dtype else DEMO_DTYPES  # repeated: shown once
     out.print(tables.overflow_report(demo(xs, dtypes), out.width))
-
-
-def trace_checks(s, name, row, form, threshold, dtype, precision, others) -> None:
-    """trace's option checks, in this order: --row, --dtype's company, --rescale-threshold."""
-    import numpy as np
-
-    n_rows = np.atleast_2d(s).shape[0]
-    if row >= n_rows:
-        raise OsmError(f"{name}: --row {row} is out of range; it has {n_rows} row(s)")
-    if dtype is None and precision is not None:
-        raise OsmError("--precision needs --dtype")
-    if dtype is not None and others:
-        raise OsmError("--dtype does not combine with --order, --rescale-threshold, --csv, "
-                       "--plot or --step")
-    if dtype is None and threshold and form is not Form.rescale:
-        raise OsmError("--rescale-threshold applies to --form rescale only")
-    if dtype is None and not np.isfinite(threshold):
-        raise OsmError("--rescale-threshold must be a finite number")

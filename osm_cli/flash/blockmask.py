@@ -119,4 +119,18 @@ def _fit(x: np.ndarray, shape: tuple, name: str) -> np.ndarray:
                          "batch or head shared)") from None
 
 
-__all__ = ["BlockMaskReport", "block_kinds", "judge_block_mask"]
+def judge_against(opts, q, k, load) -> BlockMaskReport:
+    """A kernel's block mask, load() its arrays (with their block_size, default 128,128),
+    against opts' mask_mod for Q and K as given (in opts.layout)."""
+    from .shapes import as_bhnd
+
+    if opts.mask_mod is None:
+        raise InputError("`block_mask` is judged against the mask_mod: give `mask_mod`")
+    arrays = dict(load())
+    size = arrays.pop("block_size", (128, 128))
+    q4, k4 = as_bhnd(np.asarray(q), opts.layout, "Q"), as_bhnd(np.asarray(k), opts.layout, "K")
+    return judge_block_mask(opts.mask_mod, q4.shape[0], q4.shape[1], q4.shape[2], k4.shape[2],
+                            arrays, np.ravel(size))
+
+
+__all__ = ["BlockMaskReport", "block_kinds", "judge_against", "judge_block_mask"]

@@ -67,6 +67,16 @@ def default_scale(d: int) -> float:
     return 1.0 / math.sqrt(d)
 
 
+def scale_note(scale: float | None) -> str | None:
+    """What a legal but unusual softmax_scale does (0 or negative), in parameter words; None
+    for a positive one."""
+    if scale is None or scale > 0:
+        return None
+    what = ("makes every score 0: each row averages V over the keys it sees" if scale == 0
+            else "is negative: each row favours the keys least like its query")
+    return f"`softmax_scale` {scale:g} {what}"
+
+
 def default_blocks(d: int) -> tuple[int, int]:
     """FA2's forward tiles on sm80: block_q 128; block_k 128 for d ≤ 64, else 64
     (docs/numerics.md#fa2-schedule)."""
@@ -239,5 +249,5 @@ def check_masked_lse(masked_lse: str) -> None:
 __all__ = [
     "ALIGNS", "FLOAT32_MAX", "FLOAT32_TINY", "LAYOUTS", "MASKED_LSE", "Hooks", "ScoreOptions",
     "Tiling", "alibi_auto", "check_alibi_reach",
-    "default_blocks", "default_scale", "layout_of", "split_options",
+    "default_blocks", "default_scale", "layout_of", "scale_note", "split_options",
 ]

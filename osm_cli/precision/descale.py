@@ -40,6 +40,25 @@ class Descale:
                                  f"{FLOAT32_MAX:.8g}")
 
 
+def descale(q_descale, k_descale, v_descale) -> Descale | None:
+    """FP8's descale factors as a Descale (None when none is given): all three or none, real
+    numbers, held as float32."""
+    given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if all(x is None for x in given.values()):
+        return None
+    missing = [n for n, x in given.items() if x is None]
+    if missing:
+        raise InputError("give `q_descale`, `k_descale` and `v_descale` together; missing "
+                         f"{', '.join(f'`{n}`' for n in missing)}")
+    arrays = {}
+    for name, x in given.items():
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "fiu":
+            raise InputError(f"`{name}` must hold real numbers; got dtype {arr.dtype}")
+        arrays[name[0]] = arr.astype(np.float32)
+    return Descale(**arrays)
+
+
 def check_reach(c: np.ndarray, vd: np.ndarray, d: int, dtype) -> None:
     """InputError when c = scale·log2e·q_descale·k_descale (float32, per kv group) or
     v_descale leaves float32 with the largest values FP8 inputs of head dim d can hold."""
@@ -56,4 +75,4 @@ def check_reach(c: np.ndarray, vd: np.ndarray, d: int, dtype) -> None:
                          f"{float(np.finfo(dtype).max):g} it leaves float32")
 
 
-__all__ = ["Descale", "check_reach"]
+__all__ = ["Descale", "check_reach", "descale"]

@@ -144,6 +144,21 @@ def prepare(dtype: str | None, precision: str | None, accum: str | None, q, k,
     return m, rounded, notes
 
 
+def prepare_backward(dtype: str | None, given: dict):
+    """backward's --dtype: (model, (q, k, v, do) rounded to its dtype, rounding notes) of the
+    tensors given by name; bfloat16 or float8 inputs (which only a kernel in that dtype makes)
+    run as their own dtype's model when no dtype is named."""
+    from .dtypes import shared_narrow
+
+    q, k, v = given["q"], given["k"], given["v"]
+    m, (q, k, v), notes = prepare(dtype or shared_narrow(q, k, v), None, None, q, k, v)
+    do = given["do"]
+    if m is not None:
+        (do,), more = round_inputs({"dO": do}, m.dtype)
+        notes = (*notes, *more)
+    return m, (q, k, v, do), notes
+
+
 def hooks_for(m: Model | None, splits: int | None = None, order=None,
               threshold: float = 0.0) -> Hooks:
     """attention's Hooks for m's tiled run: the state's dtype and P's rounding (none for None).
@@ -202,6 +217,9 @@ def judge_run(m: Model, res: Attention, ref, ref_lse, q, k, v, opts: ScoreOption
     return judge(res.out, ref, pt, m.dtype, lse=res.lse, ref_lse=ref_lse, pt_lse=pt_lse)
 
 
-def storable(m: Model, out: np.ndarray) -> np.ndarray:
-    """O for --out: in the dtype where numpy has it (float16/32/64), else float32 holding it."""
+def storable(m: Model | None, out: np.ndarray) -> np.ndarray:
+    """O for --out: in the dtype where numpy has it (float16/32/64), else float32 holding it;
+    as it is without a model."""
+    if m is None:
+        return out
     return out.astype(m.dtype) if m.dtype.kind == "f" else out

@@ -250,6 +250,24 @@ def kernel_for(model, kernel: str | None, opts=None) -> str | None:
     return name
 
 
+def judged_as(dtype: str | None, kernel: str | None, out, name: str, q, k, v):
+    """(dtype, note): the dtype check judges a kernel's out in, `dtype` as given, else out's
+    own; a kernel preset named for float32 tensors that all hold 16-bit values judges them
+    in that dtype (a preset takes 16-bit inputs), and the note says so (None otherwise)."""
+    from .check import output_dtype
+    from .dtypes import dtype_name, fitting_16bit, resolve_dtype
+
+    dt = dtype or output_dtype(out, name)
+    dname = resolve_dtype(dt)[0] if isinstance(dt, str) else dtype_name(dt)
+    if dtype is None and kernel not in (None, "tiles") and dname == "float32":
+        narrow = fitting_16bit(out, q, k, v)
+        if narrow is not None:
+            return narrow, (f"`kernel` {kernel} takes 16-bit inputs; OUT, Q, K and V are "
+                            f"float32 holding {narrow} values: judged as {narrow} (`dtype` "
+                            "chooses)")
+    return dt, None
+
+
 def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
                     splits: int | None = None, block_q: int | None = None,
                     descale=None, dtype: str | None = None, mma: str = "blas") -> None:
@@ -297,4 +315,4 @@ def _asks(opts) -> dict:
 
 
 __all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan",
-           "kernel_for", "preset", "preset_refusals", "refuse_mma"]
+           "judged_as", "kernel_for", "preset", "preset_refusals", "refuse_mma"]

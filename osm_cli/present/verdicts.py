@@ -210,3 +210,14 @@ def fail_line(rep, flag=None) -> str:
             parts.append(f"max|{g.label} − ref| = {r.err:.3g} > {r.bound:.3g}; {g.rows_over} of "
                          f"{g.total_rows} rows over the bound{where}" + extra(g.name))
     return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")
+
+
+def block_mask_lines(rep, against: str) -> list[str]:
+    """check --block-mask's verdict line and its wrong tiles, a line each; `against` names
+    the mask_mod."""
+    verdict = "PASS" if rep.passed else "FAIL"
+    head = (f"block mask {verdict}: {rep.wrong_count} wrong of {rep.tiles} tiles "
+            f"(block {rep.block_q}×{rep.block_k} against {against})"
+            + (f"; {rep.slower} claimed partial that are full or empty (slower, not wrong)"
+               if rep.slower else ""))
+    return [head, *(f"  {line}" for line in rep.wrong)]

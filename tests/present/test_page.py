@@ -14,7 +14,7 @@ import pytest
 
 import osm_cli
 from conftest import no_leftovers, one_error, osm
-from osm_cli.cli.trace import WHOLE
+from osm_cli.reports.rules import WHOLE
 from osm_cli.present.page import page
 from osm_cli.reports.explain import attention_step_lines, trace_lines
 from osm_cli.studies.costmodel import hbm_bytes_flash
