@@ -16,6 +16,7 @@ from osm_cli.errors import InputError
 
 from .common import check_outputs, emit_json, err, fail, guarded, out, save
 from .flags import as_flags
+from .groups import group, grouped
 from .options import JsonOpt
 
 
@@ -37,39 +38,77 @@ FEATURES_HELP = ("The features the kernel takes, comma-separated: causal, gqa, w
 Seqlens = _choices("Seqlens", ("any", "equal"))
 
 
+@group
+class Declared:
+    """What the kernel takes and how it is called (a replay needs the same)."""
+
+    features: Annotated[str | None, typer.Option("--features", help=FEATURES_HELP)] = None
+    head_dims: Annotated[str | None, typer.Option(
+        "--head-dims", help="Head dims the kernel takes, comma-separated, or 'fa' for "
+        "FlashAttention's test list [default: 32,64,96,128].")] = None
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="Dtypes the kernel takes: bf16, fp16 or bf16,fp16.")] = "bf16"
+    seqlens: Annotated[Seqlens | None, typer.Option(
+        "--seqlens", help="equal: the kernel takes one N for Q and K (N_q = N_k) [default: "
+        "the function's osm_constraints, else any].", show_default=False)] = None
+    min_seqlen: Annotated[int | None, typer.Option(
+        "--min-seqlen", min=1, metavar="N", help="The least N_q and N_k the kernel takes.",
+        show_default=False)] = None
+    seqlen_multiple: Annotated[int | None, typer.Option(
+        "--seqlen-multiple", min=1, metavar="M", help="N_q and N_k must be multiples of M.",
+        show_default=False)] = None
+    lse_base: Annotated[Base, typer.Option(
+        "--lse-base", help="The base of the kernel's LSE: e (FlashAttention, PyTorch) or 2 "
+        "(FlashInfer, Triton's tutorial).")] = Base.e
+    layout: Annotated[BLayout, typer.Option(
+        "--layout", help="q, k, v as (B, N, H, d) (bnhd, FlashAttention's) or (B, H, N, d).")
+    ] = BLayout.bnhd
+    arrays: Annotated[Arrays | None, typer.Option(
+        "--arrays", help="Hand the kernel torch tensors or numpy arrays [default: torch when "
+        "installed].", show_default=False)] = None
+    device: Annotated[Device, typer.Option("--device", help="Where q, k, v live.")] = Device.cpu
+    backend: Annotated[Backend | None, typer.Option(
+        "--backend", help="sdpa: the backend to force (CUDA); flex: eager (the default) or "
+        "compiled (torch.compile).", show_default=False)] = None
+
+    def keywords(self) -> dict:
+        """The runner's keywords (battery.runner's run, replay and target_of)."""
+        def value(x):
+            return getattr(x, "value", x)
+
+        return {"features": self.features, "head_dims": self.head_dims, "dtypes": self.dtype,
+                "lse_base": value(self.lse_base), "layout": value(self.layout),
+                "arrays": value(self.arrays), "device": value(self.device),
+                "backend": value(self.backend), "seqlens": value(self.seqlens),
+                "min_seqlen": self.min_seqlen, "seqlen_multiple": self.seqlen_multiple}
+
+    def command(self, target: str, rule: str) -> str:
+        """`osm battery TARGET` with the options a replay needs to call the kernel alike."""
+        kw = self.keywords()
+        parts = ["osm battery", target]
+        for flag, name, default in (("--features", "features", None),
+                                    ("--lse-base", "lse_base", "e"),
+                                    ("--layout", "layout", "bnhd"), ("--arrays", "arrays", None),
+                                    ("--device", "device", "cpu"),
+                                    ("--backend", "backend", None)):
+            if kw[name] is not None and kw[name] != default:
+                parts += [flag, kw[name]]
+        if rule != "fa":
+            parts += ["--rule", rule]
+        return " ".join(parts) + "".join(
+            f" {f} {kw[n]}" for f, n in (("--seqlens", "seqlens"), ("--min-seqlen", "min_seqlen"),
+                                         ("--seqlen-multiple", "seqlen_multiple"))
+            if kw[n] is not None)
+
+
 @guarded
+@grouped
 def battery(
     target: Annotated[str, typer.Argument(
         help="path/to/file.py:function, package.module:function, or a built-in: sdpa, flex, "
         "flash_attn, flash_attn.cute, osm:fa2, osm:fa4.", metavar="TARGET", show_default=False)],
-    features: Annotated[str | None, typer.Option("--features", help=FEATURES_HELP)] = None,
-    head_dims: Annotated[str | None, typer.Option(
-        "--head-dims", help="Head dims the kernel takes, comma-separated, or 'fa' for "
-        "FlashAttention's test list [default: 32,64,96,128].")] = None,
-    dtype: Annotated[str, typer.Option(
-        "--dtype", help="Dtypes the kernel takes: bf16, fp16 or bf16,fp16.")] = "bf16",
-    seqlens: Annotated[Seqlens | None, typer.Option(
-        "--seqlens", help="equal: the kernel takes one N for Q and K (N_q = N_k) [default: "
-        "the function's osm_constraints, else any].", show_default=False)] = None,
-    min_seqlen: Annotated[int | None, typer.Option(
-        "--min-seqlen", min=1, metavar="N", help="The least N_q and N_k the kernel takes.",
-        show_default=False)] = None,
-    seqlen_multiple: Annotated[int | None, typer.Option(
-        "--seqlen-multiple", min=1, metavar="M", help="N_q and N_k must be multiples of M.",
-        show_default=False)] = None,
-    lse_base: Annotated[Base, typer.Option(
-        "--lse-base", help="The base of the kernel's LSE: e (FlashAttention, PyTorch) or 2 "
-        "(FlashInfer, Triton's tutorial).")] = Base.e,
-    layout: Annotated[BLayout, typer.Option(
-        "--layout", help="q, k, v as (B, N, H, d) (bnhd, FlashAttention's) or (B, H, N, d).")
-    ] = BLayout.bnhd,
-    arrays: Annotated[Arrays | None, typer.Option(
-        "--arrays", help="Hand the kernel torch tensors or numpy arrays [default: torch when "
-        "installed].", show_default=False)] = None,
-    device: Annotated[Device, typer.Option("--device", help="Where q, k, v live.")] = Device.cpu,
-    backend: Annotated[Backend | None, typer.Option(
-        "--backend", help="sdpa: the backend to force (CUDA); flex: eager (the default) or "
-        "compiled (torch.compile).", show_default=False)] = None,
+    *,
+    declared: Declared,
     budget: Annotated[Budget, typer.Option(
         "--budget", help="quick (about 45 cases) or full (all of FlashAttention's pairs).")
     ] = Budget.quick,
@@ -109,29 +148,13 @@ def battery(
       osm battery mykernel.py:attn --replay b1h2g1-q65k128-d64-bf16-causal-s7
     """
     from osm_cli.battery.runner import replay as replay_case
-    from osm_cli.battery.runner import run, target_of
+    from osm_cli.battery.runner import run
     from osm_cli.present import battery as view
 
-    opts = {"features": features, "head_dims": head_dims, "dtypes": dtype,
-            "lse_base": lse_base.value, "layout": layout.value,
-            "arrays": arrays.value if arrays else None, "device": device.value,
-            "backend": backend.value if backend else None,
-            "seqlens": seqlens.value if seqlens else None, "min_seqlen": min_seqlen,
-            "seqlen_multiple": seqlen_multiple}
+    opts = declared.keywords()
     check_outputs(junit=junit)
-    try:
-        target_of(target, **opts)
-        if replay is not None:
-            from osm_cli.battery.cases import Case
-
-            Case.parse(replay)
-    except InputError as exc:
-        fail(as_flags(str(exc)), 2)
-    again = _replay_command(target, features, lse_base.value, layout.value, arrays,
-                            device.value, backend, rule.value)
-    limits = [(f, v) for f, v in (("--seqlens", opts["seqlens"]), ("--min-seqlen", min_seqlen),
-                                  ("--seqlen-multiple", seqlen_multiple)) if v is not None]
-    again += "".join(f" {f} {v}" for f, v in limits)
+    callable_as_declared(target, opts, replay)
+    again = declared.command(target, rule.value)
     if replay is not None:
         res = replay_case(target, replay, rule=rule.value, repeat=repeat, **opts)
         if as_json:
@@ -143,8 +166,7 @@ def battery(
             raise typer.Exit(1)
         return
     rep = run(target, budget=budget.value, cases=cases, seed=seed, rule=rule.value,
-              repeat=repeat, shrinking=not no_shrink, max_failures=max_failures,
-              **opts)
+              repeat=repeat, shrinking=not no_shrink, max_failures=max_failures, **opts)
     if junit is not None:
         save((junit, view.junit_xml(rep), "JUnit XML"))
     if as_json:
@@ -152,24 +174,21 @@ def battery(
     else:
         out.print(view.battery_report(rep, again))
     if not rep.passed:
-        stopped = max_failures is not None and rep.failed + rep.refused >= max_failures
-        err.print(f"FAIL: {rep.failed} of {len(rep.results)} cases failed"
-                  + (f", {rep.refused} refused by the kernel" if rep.refused else "")
-                  + (" (stopped at --max-failures)" if stopped else ""), markup=False,
+        err.print(f"FAIL: {as_flags(view.fail_line(rep, max_failures))}", markup=False,
                   soft_wrap=True)
         raise typer.Exit(1)
 
 
-def _replay_command(target, features, lse_base, layout, arrays, device, backend,
-                    rule) -> str:
-    """`osm battery TARGET` with the options a replay needs to call the kernel alike."""
-    parts = ["osm battery", target]
-    for flag, value, default in (("--features", features, None), ("--lse-base", lse_base, "e"),
-                                 ("--layout", layout, "bnhd"),
-                                 ("--arrays", arrays.value if arrays else None, None),
-                                 ("--device", device, "cpu"),
-                                 ("--backend", backend.value if backend else None, None),
-                                 ("--rule", rule, "fa")):
-        if value is not None and value != default:
-            parts += [flag, value]
-    return " ".join(parts)
+def callable_as_declared(target: str, opts: dict, replay: str | None) -> None:
+    """TARGET can be called with the declared options, and --replay's ID is a case's: else
+    one "Error: …" line and exit 2 (they are the command's arguments, not inputs)."""
+    from osm_cli.battery.runner import target_of
+
+    try:
+        target_of(target, **opts)
+        if replay is not None:
+            from osm_cli.battery.cases import Case
+
+            Case.parse(replay)
+    except InputError as exc:
+        fail(as_flags(str(exc)), 2)

@@ -140,11 +140,7 @@ def sweep(
                                            accum.value, scores, kernel, input_dtype, mods)
     else:
         s, name = io.load_scores(files[0] if files else None, values, input_dtype)
-        if mods.score_mod is not None or mods.mask_mod:  # row r is q_idx r, position j kv_idx j
-            from osm_cli.flash.mods import modded_scores
-
-            got = io.read_mods(**mods.keywords(), heads=io.heads_of(s, "bhnd", False))
-            s = modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
+        s = io.scores_with_mods(s, **mods.keywords())  # row r is q_idx r, position j kv_idx j
         res = sweep_scores(blocks, s, accum=accum.value, block_q=block_q, head_dim=head_dim,
                            dtype_bytes=dtype_bytes, sram_bytes=sram)
         about, doc = None, documents.sweep_doc(res, name, accum.value)

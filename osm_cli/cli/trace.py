@@ -101,40 +101,42 @@ def trace(
 
     from osm_cli import io
     from osm_cli.present import csv as export
-    from osm_cli.present import explain as explained
     from osm_cli.present import json as documents
-    from osm_cli.present import page as html_page
     from osm_cli.present import plot as plots
-    from osm_cli.present import trace as render
     from osm_cli.present.format import HEAD
     from osm_cli.reports.rules import WHOLE, trace_blocks, trace_mods, trace_options
     from osm_cli.reports.trace import trace_report
 
     s, name = io.load_scores(scores, values, input_dtype)
-    if mods.score_mod is not None or mods.mask_mod:  # row r is q_idx r, position j kv_idx j
-        from osm_cli.flash.mods import modded_scores
-
-        trace_mods(softcap, mods.score_mod)
-        got = io.read_mods(**mods.keywords(), heads=io.heads_of(s, "bhnd", False))
-        s = modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
+    trace_mods(softcap, mods.score_mod)
+    s = io.scores_with_mods(s, **mods.keywords())  # row r is q_idx r, position j kv_idx j
     trace_options(s, name, row, form.value, rescale_threshold, dtype, precision,
                   order or rescale_threshold or csv or plot or step)
     need_plot(plot)
     check_outputs(csv=csv, plot=plot)
     blocks = trace_blocks(s, block, page_wanted())
     # the table shows the first and last HEAD steps: a long trace keeps only those (the CSV,
-    # JSON, plot, --all, --step and --html make or need every step)
-    # up to WHOLE blocks are kept whole, so that the table can show every block where m moved
+    # JSON, plot, --all, --step and --html make or need every step); up to WHOLE blocks are
+    # kept whole, so that the table can show every block where m moved
     whole = show_all or plot or step or page_wanted() or blocks <= WHOLE
-    keep = None if whole else HEAD
     rep = trace_report(s, block, form.value, row=row, order=order and order.value, seed=seed,
                        threshold=rescale_threshold, dtype=dtype,
-                       precision=precision and precision.value, keep=keep,
+                       precision=precision and precision.value, keep=None if whole else HEAD,
                        softcap=softcap, sink=sink)
     save((csv, lambda: export.trace_csv_chunks(rep), "step table, CSV"),
          (plot, functools.partial(plots.trace_report_png, rep, name), "m, l and α per block, PNG"))
     if as_json:
         return emit_json(documents.trace_doc(rep))
+    show_trace(rep, name, show_all, step, explain)
+
+
+def show_trace(rep, name: str, show_all: bool, step: bool, explain: bool) -> None:
+    """trace's screen: the state after each block (and its arithmetic), one block at a time
+    under --step, then the probabilities; the interactive page offered for --html."""
+    from osm_cli.present import explain as explained
+    from osm_cli.present import page as html_page
+    from osm_cli.present import trace as render
+
     offer_page(lambda screen: html_page.page(html_page.trace_doc(rep, name), screen))
     heads = render.trace_heads(rep, name)
     pages = [(functools.partial(render.step_frame, heads, t, width=out.width), len(t.steps),

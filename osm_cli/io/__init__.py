@@ -40,6 +40,7 @@ from .options import (
     read_descales,
     read_mods,
     score_options,
+    scores_with_mods,
     with_bundle_inputs,
 )
 from .save import check_destinations, save_bytes, save_npy, save_text, write_all
@@ -52,6 +53,6 @@ __all__ = [
     "load_backward", "load_bundle", "load_function", "load_kernel_tensors", "load_mask",
     "load_named", "load_partials", "load_qkv", "load_scores", "parse_pair", "parse_text",
     "qkv_source", "read_array", "read_descales", "read_mods", "save_bytes", "save_npy",
-    "save_text", "score_options", "tensor_names", "unused_names", "view_raw",
+    "save_text", "score_options", "scores_with_mods", "tensor_names", "unused_names", "view_raw",
     "with_bundle_inputs", "write_all",
 ]

@@ -57,6 +57,17 @@ def read_mods(score_mod: str | None, mask_mod, heads: int) -> dict:
     return got
 
 
+def scores_with_mods(s, score_mod: str | None = None, mask_mod=None):
+    """A score vector or matrix (trace's, sweep's) through the mods of these specs: row r is
+    q_idx r, position j is kv_idx j (flash.mods.modded_scores); as it is without any."""
+    if score_mod is None and not mask_mod:
+        return s
+    from osm_cli.flash.mods import modded_scores
+
+    got = read_mods(score_mod, mask_mod, heads_of(s, "bhnd", False))
+    return modded_scores(s, got.get("score_mod"), got.get("mask_mod"))
+
+
 def kernel_inputs(q, layout: str = "bhnd", *, softcap: float | None = None, alibi_slopes=None,
                   learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                   page_table=None, kv_layout: str = "nhd", score_mod: str | None = None,
@@ -123,4 +134,4 @@ def read_descales(q_descale=None, k_descale=None, v_descale=None):
 
 
 __all__ = ["INDEX_ARRAYS", "heads_of", "kernel_inputs", "read_array", "read_descales",
-           "read_mods", "score_options", "with_bundle_inputs"]
+           "read_mods", "score_options", "scores_with_mods", "with_bundle_inputs"]

@@ -188,6 +188,15 @@ def battery_doc(rep, replay_cmd: str) -> dict:
     }
 
 
+def fail_line(rep, max_failures: int | None = None) -> str:
+    """The FAIL line's text (after "FAIL: "): how many cases failed and were refused, and
+    whether the run stopped at `max_failures`."""
+    stopped = max_failures is not None and rep.failed + rep.refused >= max_failures
+    return (f"{rep.failed} of {len(rep.results)} cases failed"
+            + (f", {rep.refused} refused by the kernel" if rep.refused else "")
+            + (" (stopped at `max_failures`)" if stopped else ""))
+
+
 def junit_xml(rep) -> str:
     """JUnit XML: one testcase per case (class = its case class), a <failure> per failing one,
     an <error type="refused"> per case the kernel refused."""
@@ -208,4 +217,4 @@ def junit_xml(rep) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["battery_doc", "battery_report", "case_text", "junit_xml", "replay_report"]
+__all__ = ["battery_doc", "battery_report", "case_text", "fail_line", "junit_xml", "replay_report"]

@@ -14,9 +14,9 @@ import pytest
 
 import osm_cli
 from conftest import no_leftovers, one_error, osm
-from osm_cli.reports.rules import WHOLE
 from osm_cli.present.page import page
 from osm_cli.reports.explain import attention_step_lines, trace_lines
+from osm_cli.reports.rules import WHOLE
 from osm_cli.studies.costmodel import hbm_bytes_flash
 
 ATTENTION = ["attention", "samples/causal.npz", "--causal", "--head", "1", "--query", "2",
