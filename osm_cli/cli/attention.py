@@ -197,8 +197,8 @@ def check(
         "holds its own).")] = None,
     scores: Scores,
     do: Annotated[str | None, typer.Option(
-        "--do", help="The upstream gradient dO (.npy) the kernel's gradients were computed "
-        "for.")] = None,
+        "--do", "--dout", help="The upstream gradient dO (.npy) the kernel's gradients were "
+        "computed for.")] = None,
     dq: JudgedOpt("--dq", "dQ") = None,
     dk: JudgedOpt("--dk", "dK") = None,
     dv: JudgedOpt("--dv", "dV") = None,

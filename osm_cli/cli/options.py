@@ -136,8 +136,9 @@ WindowOpt = Annotated[
                              "keys seen on each side of the diagonal (-1 = unbounded).")
 ]
 MaskOpt = Annotated[
-    str | None, typer.Option("--mask", help=".npy mask broadcastable to (B, H, t, s): "
-                             "bool (True = attend) or float (added to the scores).")
+    str | None, typer.Option("--mask", "--attn-mask", help=".npy mask broadcastable to "
+                             "(B, H, t, s): bool (True = attend) or float (added to the "
+                             "scores).")
 ]
 ScaleOpt = Annotated[float | None, typer.Option(
     "--scale", "--softmax-scale", callback=finite_scale,
@@ -271,8 +272,9 @@ SoftcapOpt = Annotated[float | None, typer.Option(
     "--softcap", callback=positive_softcap, help="Logit softcap C: a scaled score s becomes "
     "C·tanh(s/C), before ALiBi and the masks (Gemma 2: 50).")]
 AlibiOpt = Annotated[str | None, typer.Option(
-    "--alibi", metavar="SLOPES.npy|auto", help="ALiBi: −slope·|i + s − t − j| added to the "
-    "scaled scores; slopes (H,) or (B, H), or auto for the standard geometric ones.")]
+    "--alibi", "--alibi-slopes", metavar="SLOPES.npy|auto", help="ALiBi: −slope·|i + s − t "
+    "− j| added to the scaled scores; slopes (H,) or (B, H), or auto for the standard "
+    "geometric ones.")]
 SinksOpt = Annotated[str | None, typer.Option(
     "--sinks", "--learnable-sink", metavar="SINKS.npy", help="Attention sinks: one logit per "
     "query head (H,), in the softmax's denominator only.")]

@@ -60,15 +60,36 @@ def test_version():
     ("--scale", "--softmax-scale", "0.25"),
     ("--window", "--window-size", "2,0"),
     ("--sinks", "--learnable-sink", "samples/sinks.npy"),
+    ("--alibi", "--alibi-slopes", "samples/slopes.npy"),
+    ("--mask", "--attn-mask", "samples/mask.npy"),
 ])
 def test_flash_attention_flag_names_are_the_same_option(old, new, value, tmp_path):
     if value.endswith(".npy"):
         import numpy as np
 
-        value = str(tmp_path / "sinks.npy")
-        np.save(value, np.array([0.5, -1.0]))
+        made = {"sinks": np.array([0.5, -1.0]), "slopes": np.array([0.5, 0.25]),
+                "mask": np.tril(np.ones((8, 8), bool))[:, ::-1]}[value[8:-4]]
+        value = str(tmp_path / "tensor.npy")
+        np.save(value, made)
     base = ("attention", "samples/qkv.npz", "--causal", "--json", "--no-reference", "--query", "5")
     a, b = osm(*base, old, value), osm(*base, new, value)
     assert a.exit_code == 0, a.output
     assert a.stdout == b.stdout
     assert a.stdout != osm(*base).stdout  # the option did something
+
+
+def test_check_takes_dout_beside_do(tmp_path):
+    import numpy as np
+
+    from osm_cli.flash.reference import reference_backward
+
+    q, k, v = (np.load("samples/qkv.npz")[n].astype(np.float16) for n in "qkv")
+    out = osm_cli.attention(q, k, v, dtype="fp16").out.astype(np.float16)
+    do = np.ones_like(out)
+    np.save(tmp_path / "do.npy", do)
+    np.save(tmp_path / "dv.npy", reference_backward(q, k, v, do)[2].astype(np.float16))
+    np.savez(tmp_path / "b.npz", q=q, k=k, v=v, out=out)
+    base = ("check", tmp_path / "b.npz", "--dv", tmp_path / "dv.npy", "--json", "--no-model")
+    a, b = osm(*base, "--do", tmp_path / "do.npy"), osm(*base, "--dout", tmp_path / "do.npy")
+    assert a.exit_code == 0, a.output
+    assert a.stdout == b.stdout and '"tensor": "dv"' in a.stdout
