@@ -9,7 +9,6 @@ Leaves out: the commands (trace.py, attention.py, tools.py).
 
 from __future__ import annotations
 
-import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -105,11 +104,25 @@ def csv_option(table: str):
         "--csv", metavar="FILE", help=f"Also write {table} to FILE as CSV.")]
 
 
-def finite_scale(value: float | None) -> float | None:
-    """--scale: any finite number (0 and negative ones are legal, and get a note)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"the scale must be a finite number, not {value}")
-    return value
+def library_checked(check: str):
+    """An option's callback that runs the library's own check of its value (flash/options.py)
+    and turns its refusal into a bad option value (exit 2); numpy is loaded only for a value
+    given."""
+    def callback(value):
+        if value is not None:
+            from osm_cli.flash import options
+
+            try:
+                getattr(options, check)(value)
+            except OsmError as exc:
+                raise typer.BadParameter(str(exc)) from None
+        return value
+
+    return callback
+
+
+# --scale: any finite number (0 and negative ones are legal, and get a note)
+finite_scale = library_checked("check_scale")
 
 
 def show_version(value: bool) -> None:
@@ -258,11 +271,8 @@ NoReferenceOpt = Annotated[
 ShowAllOpt = Annotated[bool, typer.Option("--all", help="Show every tile and component.")]
 
 
-def positive_softcap(value: float | None) -> float | None:
-    """--softcap: a positive finite number (FlashAttention's softcap; 0 means none there)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"softcap must be a positive finite number, not {value}")
-    return value
+# --softcap: a positive finite number (FlashAttention's softcap; 0 means none there)
+positive_softcap = library_checked("check_softcap")
 
 
 # The kernels' own inputs (issue: what real kernels take), added to a command by

@@ -62,6 +62,19 @@ def check_alibi_reach(slopes, t: int, s: int) -> None:
                          "docs/inputs.md#kernel-inputs)")
 
 
+def check_scale(scale: float | None) -> None:
+    """softmax_scale is a finite number (or None); a finite one is judged with the scores it
+    makes (masks.check_score_range)."""
+    if scale is not None and not math.isfinite(scale):
+        raise InputError(f"the scale must be a finite number, not {scale}")
+
+
+def check_softcap(softcap: float | None) -> None:
+    """softcap is a positive finite number (or None: FlashAttention's 0.0)."""
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        raise InputError(f"softcap must be a positive finite number, not {softcap}")
+
+
 def default_scale(d: int) -> float:
     """The score scale when none is given: 1/sqrt(d), d the head dim (docs/numerics.md#scale)."""
     return 1.0 / math.sqrt(d)
@@ -112,12 +125,9 @@ class ScoreOptions:
             object.__setattr__(self, "score_mod", ScoreMod.of(self.score_mod))
         if self.mask_mod is not None:
             object.__setattr__(self, "mask_mod", MaskMod.of(self.mask_mod))
-        if self.scale is not None and not math.isfinite(self.scale):
-            # a finite scale is judged with the scores it makes (masks.check_score_range)
-            raise InputError(f"the scale must be a finite number, not {self.scale}")
+        check_scale(self.scale)
         if self.softcap is not None:
-            if not (math.isfinite(self.softcap) and self.softcap > 0):
-                raise InputError(f"softcap must be a positive finite number, not {self.softcap}")
+            check_softcap(self.softcap)
             _held("softcap", self.softcap, "softcap", tiny=True)
         for name, ndims in (("alibi_slopes", (1, 2)), ("sinks", (1,))):
             x = getattr(self, name)
@@ -248,6 +258,6 @@ def check_masked_lse(masked_lse: str) -> None:
 
 __all__ = [
     "ALIGNS", "FLOAT32_MAX", "FLOAT32_TINY", "LAYOUTS", "MASKED_LSE", "Hooks", "ScoreOptions",
-    "Tiling", "alibi_auto", "check_alibi_reach",
+    "Tiling", "alibi_auto", "check_alibi_reach", "check_scale", "check_softcap",
     "default_blocks", "default_scale", "layout_of", "scale_note", "split_options",
 ]
