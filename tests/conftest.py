@@ -132,7 +132,7 @@ def tmux():
 
     def cmd(*args, check=True):
         return subprocess.run([exe, "-L", sock, *args], capture_output=True, text=True,
-                              check=check, timeout=20)
+                              check=check, timeout=60)
 
     def start(*osm_args, height=40):
         """Run `osm *osm_args` in a 110-column session "osm"; the pane stays after it exits."""
@@ -140,10 +140,13 @@ def tmux():
         # unless COLUMNS (which the tmux server may inherit from the test process) says otherwise.
         shell = " ".join(["env -u COLUMNS -u LINES", sys.executable, "-m", "osm_cli", *osm_args])
         cmd("new-session", "-d", "-s", "osm", "-x", "110", "-y", str(height), "-c", str(ROOT),
-            f"{shell}; echo EXIT=$?; sleep 60")
+            f"{shell}; echo EXIT=$?; sleep 600")  # the pane outlives a slow test; killed after
 
-    def wait_for(text, timeout=15.0) -> str:
-        """The screen once `text` is on it; fails with the screen after `timeout` seconds."""
+    def wait_for(text, timeout=90.0) -> str:
+        """The screen once `text` is on it (a frame's hint line, printed last, so the whole
+        frame is drawn by then); fails with the screen after `timeout` seconds. The wait is
+        for the condition, polled: on a loaded machine osm's start alone can take many
+        seconds, so the limit is generous and costs nothing when the text comes at once."""
         end = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < end:

@@ -26,8 +26,11 @@ import numpy as np
 from osm_cli.core.notebook import arrow
 from osm_cli.reports.explain import (
     ATTENTION_NOTE,
+    BACKWARD_NOTE,
     attention_heading,
     attention_step_lines,
+    backward_key_lines,
+    backward_query_lines,
     g,
     trace_heading,
     trace_lines,
@@ -36,6 +39,7 @@ from osm_cli.studies import costmodel
 
 from .console import as_text
 from .format import bytes_text
+from .rows import queries_text
 from .trace import final_line, form_line, sink_line, trace_heads
 
 CELLS = 1024  # a trace's scores drawn one cell each up to this many (more: one cell a block)
@@ -148,12 +152,14 @@ def _head(q, k, opts, block_q: int, block_k: int):
     return q4.shape[2], k4.shape[2], q4.shape[3], kinds
 
 
-def _matrix(q, k, opts, kinds, batch: int, head: int, block_q: int, block_k: int, query: int,
-            key: int | None = None) -> dict:
+def _matrix(q, k, opts, kinds, batch: int, head: int, block_q: int, block_k: int,
+            queries, key: int | None = None) -> dict:
     """The traced head's P = softmax(S) entry by entry (a small head) or its tiles (a large
-    one), the tile grid, the skipped tiles and the traced row (and key)."""
+    one), the tile grid, the skipped tiles and the traced rows (and key): `row` the first,
+    `traced_rows` all of them (in the drawing's units)."""
     from osm_cli.studies import tilemap
 
+    queries = list(queries)
     n_q, n_k = kinds.shape
     doc = {"skip": (kinds[:TILES, :TILES] == "skip").tolist(),
            "partial": (kinds[:TILES, :TILES] == "partial").tolist()}
@@ -163,8 +169,9 @@ def _matrix(q, k, opts, kinds, batch: int, head: int, block_q: int, block_k: int
     rows, cols = hm.p.shape
     if rows <= MATRIX and cols <= MATRIX:
         text = cols <= TEXT_UP_TO
-        doc.update(level="entry", rows=rows, cols=cols, bq=block_q, bk=block_k, row=query,
-                   col=key, about="P = softmax(S) of the traced head, each row over all its "
+        doc.update(level="entry", rows=rows, cols=cols, bq=block_q, bk=block_k, row=queries[0],
+                   traced_rows=queries, col=key,
+                   about="P = softmax(S) of the traced head, each row over all its "
                    "keys" + ("" if text else " (as shade)") + "; grey: a tile skipped",
                    cells=[[("" if hm.masked[i, j] else f"{hm.p[i, j]:.2f}") if text else ""
                            for j in range(cols)] for i in range(rows)],
@@ -173,11 +180,23 @@ def _matrix(q, k, opts, kinds, batch: int, head: int, block_q: int, block_k: int
         return doc
     drawn = f"; the first {TILES} drawn" if max(n_q, n_k) > TILES else ""
     doc.update(level="tile", rows=min(n_q, TILES), cols=min(n_k, TILES), bq=1, bk=1,
-               row=query // block_q, col=None if key is None else key // block_k,
+               row=queries[0] // block_q,
+               traced_rows=sorted({x // block_q for x in queries}),
+               col=None if key is None else key // block_k,
                about=f"the traced head's {n_q} × {n_k} tiles ({block_q} queries × {block_k} "
                f"keys each{drawn}); blue: computed, half blue: masked in part, grey: skipped",
                cells=None, shade=None)
     return doc
+
+
+def _rows(res, traces_name: str, one_name: str):
+    """(queries, traces): every traced query row and its steps (one row: the record's own)."""
+    b, h, i = res.traced
+    traces = getattr(res, traces_name) or ()
+    queries = tuple(res.queries) or (i,)
+    if len(traces) <= 1:
+        return (i,), (getattr(res, one_name),)
+    return queries, traces
 
 
 def _lit(m: dict, block_q: int, block_k: int, r0: int, r1: int, c0: int,
@@ -199,15 +218,57 @@ def _dtype_bytes(rep, q) -> int:
     return int(np.asarray(q).dtype.itemsize) if np.asarray(q).dtype.kind == "f" else 8
 
 
+def _o_text(s) -> str:
+    return "[" + ", ".join(g(x, 7) for x in np.ravel(s.o)[:4]) + "]"
+
+
+def _attention_state(steps) -> list:
+    """The running state after one K/V tile: a (name, value) list for one row; for several
+    rows a row each (query, tile max, m, α, l, O[:k], ‖O‖), the vectors of a Q tile."""
+    if len(steps) == 1:
+        s = steps[0]
+        state = [["tile max", "skipped" if s.masked else g(s.block_max, 7)],
+                 ["m", arrow(s.m_prev, s.m, 7)], ["α", g(s.alpha, 7)],
+                 ["l", arrow(s.l_prev, s.l, 7)]]
+        if s.o is not None:
+            state.append([f"O[:{min(4, np.size(s.o))}]", _o_text(s)])
+        if s.o_norm is not None:
+            state.append(["‖O‖", g(s.o_norm, 7)])
+        return state
+    return [[str(s.query), "skipped" if s.masked else g(s.block_max, 7),
+             arrow(s.m_prev, s.m, 7), g(s.alpha, 7), arrow(s.l_prev, s.l, 7),
+             "" if s.o is None else _o_text(s), "" if s.o_norm is None else g(s.o_norm, 7)]
+            for s in steps]
+
+
+def _attention_sections(queries, traces, kk: int) -> list:
+    if len(traces) == 1:
+        return [{"title": "", "lines": attention_step_lines(traces[0], kk)}]
+    if all(tr[kk].masked for tr in traces):
+        return [{"title": "", "lines": ["skipped for every traced row: the mask hides these "
+                                        "keys; m, l, O unchanged"]}]
+    return [{"title": f"query {qi}", "lines": attention_step_lines(tr, kk)}
+            for qi, tr in zip(queries, traces, strict=True)]
+
+
+def _tiles_text(tiles) -> str:
+    return f"Q tile {tiles[0]}" if len(tiles) == 1 else (
+        "Q tiles " + ", ".join(map(str, tiles)))
+
+
 def attention_doc(rep, q, k, opts) -> dict:
-    """`osm attention`'s page: the traced row's K/V tiles over the traced head's P."""
+    """`osm attention`'s page: the traced rows' K/V tiles over the traced head's P (several
+    rows, --query 0:4: each tile's state a row per query, its arithmetic a section each)."""
     res = rep.result
-    b, h, i = res.traced
+    b, h, _ = res.traced
+    queries, traces = _rows(res, "traces", "trace")
     bq, bk = res.block_q, res.block_k
     t, n, d, kinds = _head(q, k, opts, bq, bk)
-    m = _matrix(q, k, opts, kinds, b, h, bq, bk, i)
-    iq = i // bq
-    order = [s.block for s in res.trace if not s.sink]
+    m = _matrix(q, k, opts, kinds, b, h, bq, bk, queries)
+    tiles = sorted({x // bq for x in queries})
+    iq = tiles[-1]  # the bytes moved once the last traced row's Q tile has met the tile
+    first = traces[0]
+    order = [s.block for s in first if not s.sink]
     read, written = costmodel.fa1_traffic(t, n, d, bq, bk, kinds == "skip", order=order)
     size = _dtype_bytes(rep, q)
     end = int(read[-1, -1] + written[-1, -1]) * size
@@ -215,89 +276,108 @@ def attention_doc(rep, q, k, opts) -> dict:
     sram = costmodel.tile_bytes(bq, bk, d, size, max(4, size))
     on_chip = (f"on chip: one tile, {bytes_text(sram)}; standard attention (S and P through "
                f"HBM) moves {bytes_text(standard)}")
-    q0, q1 = iq * bq, min(t, (iq + 1) * bq)
+    q0, q1 = tiles[0] * bq, min(t, (tiles[-1] + 1) * bq)
     steps, at = [], 0
-    for kk, s in enumerate(res.trace):
+    for kk in range(min(map(len, traces))):
+        s = first[kk]
         if not s.sink:
             at = order.index(s.block)
-        state = [["tile max", "skipped" if s.masked else g(s.block_max, 7)],
-                 ["m", arrow(s.m_prev, s.m, 7)], ["α", g(s.alpha, 7)],
-                 ["l", arrow(s.l_prev, s.l, 7)]]
-        if s.o is not None:
-            o = [g(x, 7) for x in np.ravel(s.o)[:4]]
-            state.append([f"O[:{len(o)}]", "[" + ", ".join(o) + "]"])
-        if s.o_norm is not None:
-            state.append(["‖O‖", g(s.o_norm, 7)])
         steps.append({
-            "title": attention_heading(s), "skipped": bool(s.masked), "state": state,
+            "title": attention_heading(s),
+            "skipped": all(tr[kk].masked for tr in traces),
+            "state": _attention_state([tr[kk] for tr in traces]),
             "lit": None if s.sink else _lit(m, bq, bk, q0, q1, s.start, s.stop),
-            "sections": [{"title": "", "lines": attention_step_lines(res.trace, kk)}],
+            "sections": _attention_sections(queries, traces, kk),
             "bytes": _bytes(read[at, iq] * size, written[at, iq] * size, end, on_chip),
         })
     lse = np.asarray(res.lse)
-    return {
+    if len(queries) == 1:
+        where = f"query {queries[0]} is in Q tile {iq} (rows {q0}:{q1})"
+    else:
+        where = f"{queries_text(queries)} are in {_tiles_text(tiles)} (rows {q0}:{q1})"
+    doc = {
         "kind": "attention", "unit": "tile",
-        "title": f"osm attention: batch {b}, head {h}, query {i}",
-        "intro": [f"block_q {bq}, block_k {bk}: query {i} is in Q tile {iq} (rows {q0}:{q1}); "
-                  "start m = -inf, l = 0, O = 0", ATTENTION_NOTE],
+        "title": f"osm attention: batch {b}, head {h}, {_query_words(queries)}",
+        "intro": [f"block_q {bq}, block_k {bk}: {where}; start m = -inf, l = 0, O = 0",
+                  ATTENTION_NOTE],
         "matrix": m, "steps": steps,
         "bytes_about": (f"FA1's Algorithm 1 for one head (K/V tiles outer, Q tiles inner; {size} "
                         f"B an element): the bytes moved once Q tile {iq} has met the tile"),
-        "final": [f"LSE = m + ln l = {g(lse[b, h, i], 10)}"] if lse.ndim == 3 else [],
+        "final": [f"LSE = m + ln l = {g(lse[(b, h, x)[3 - lse.ndim:]], 10)}" + (
+            f" (query {x})" if len(queries) > 1 else "") for x in queries]
+        if lse.ndim in (2, 3) else [],  # (B, H, N), or (H, N) for inputs without a batch
     }
+    if len(queries) > 1:
+        o = next((np.size(x.o) for tr in traces for x in tr if x.o is not None), 0)
+        doc["state_head"] = ["query", "tile max", "m", "α", "l", f"O[:{min(4, o)}]", "‖O‖"]
+    return doc
+
+
+def _query_words(queries) -> str:
+    return f"query {queries[0]}" if len(queries) == 1 else queries_text(queries)
 
 
 def backward_doc(rep, q, k, opts) -> dict:
     """`osm backward`'s page: FA2's backward loop (K/V tiles outer, Q tiles inner) over the
-    tiles the traced key row and the traced query row meet, in the loop's order."""
+    tiles the traced key row and the traced query rows meet, in the loop's order; each tile's
+    arithmetic as `osm backward --explain` prints it (P, dP, D, dS = P∘(dP − D), then the
+    gradients before, the tile's share and after)."""
     res = rep.result
-    b, h, i = res.traced
+    b, h, _ = res.traced
+    queries, traces = _rows(res, "query_traces", "query_trace")
     key, bq, bk = res.traced_key, res.block_q, res.block_k
     t, n, d, kinds = _head(q, k, opts, bq, bk)
-    m = _matrix(q, k, opts, kinds, b, h, bq, bk, i, key)
+    m = _matrix(q, k, opts, kinds, b, h, bq, bk, queries, key)
     n_q, n_k = kinds.shape
-    iq, jk = i // bq, key // bk
+    tiles, jk = sorted({x // bq for x in queries}), key // bk
     read, written = costmodel.fa1_traffic(t, n, d, bq, bk, kinds == "skip", backward=True)
     size = _dtype_bytes(rep, q)
     end = int(read[-1, -1] + written[-1, -1]) * size
     by_q = {s.block: s for s in res.key_trace}  # Q tile -> the key row's step
-    by_k = {s.block: s for s in res.query_trace}  # K/V tile -> the query row's step
-    norms = {"dK": 0.0, "dV": 0.0, "dQ": 0.0}
+    by_k = [{s.block: s for s in tr} for tr in traces]  # per row: K/V tile -> its step
+    norms = {"dK": 0.0, "dV": 0.0, **{qi: 0.0 for qi in queries}}
     steps = []
-    for j, ii in [(j, ii) for j in range(n_k) for ii in range(n_q) if j == jk or ii == iq]:
+    for j, ii in [(j, ii) for j in range(n_k) for ii in range(n_q) if j == jk or ii in tiles]:
         ks = by_q.get(ii) if j == jk else None
-        qs = by_k.get(j) if ii == iq else None
+        rows = [(qi, by_k[r].get(j)) for r, qi in enumerate(queries) if qi // bq == ii]
         skipped = kinds[ii, j] == "skip"
-        lines = ["skipped, not computed: the mask hides the tile; dQ, dK, dV unchanged"] if (
-            skipped) else []
-        for st, who in ((ks, f"key {key}"), (qs, f"query {i}")):
-            if st is not None and not st.masked:
-                lines.append(f"{who}: P max = {g(st.p_max, 6)}, Σ dS = {g(st.ds_sum, 6)}")
+        sections = []
+        if skipped:
+            sections.append({"title": "", "lines": [
+                "skipped, not computed: the mask hides the tile; dQ, dK, dV unchanged"]})
         if ks is not None:
+            lines = [] if skipped else backward_key_lines(ks, res.scale, key)
             lines += [f"dK_j += scale·dSᵀ·Q_i: ‖dK_j‖ = {arrow(norms['dK'], ks.dk_norm, 6)}",
                       f"dV_j += Pᵀ·dO_i: ‖dV_j‖ = {arrow(norms['dV'], ks.dv_norm, 6)}"]
             norms["dK"], norms["dV"] = ks.dk_norm, ks.dv_norm
-        if qs is not None:
-            lines.append(f"dQ_i += scale·dS·K_j: ‖dQ_i‖ = {arrow(norms['dQ'], qs.dq_norm, 6)}")
-            norms["dQ"] = qs.dq_norm
+            sections.append({"title": f"key {key}, down Q tile {ii}'s rows", "lines": lines})
+        for qi, qs in rows:
+            if qs is None:
+                continue
+            lines = [] if skipped else backward_query_lines(qs, res.scale)
+            lines.append(f"dQ_i += scale·dS·K_j: ‖dQ_i‖ = {arrow(norms[qi], qs.dq_norm, 6)}")
+            norms[qi] = qs.dq_norm
+            sections.append({"title": f"query {qi}, along K/V tile {j}'s keys", "lines": lines})
         q0, q1, c0, c1 = ii * bq, min(t, (ii + 1) * bq), j * bk, min(n, (j + 1) * bk)
         steps.append({
             "title": f"K/V tile {j} (keys {c0}:{c1}) × Q tile {ii} (rows {q0}:{q1})",
             "lit": _lit(m, bq, bk, q0, q1, c0, c1), "skipped": bool(skipped),
             "state": [[f"‖dK_j‖, key {key}", g(norms["dK"], 6)],
                       [f"‖dV_j‖, key {key}", g(norms["dV"], 6)],
-                      [f"‖dQ_i‖, query {i}", g(norms["dQ"], 6)]],
-            "sections": [{"title": "", "lines": lines}],
+                      *([f"‖dQ_i‖, query {qi}", g(norms[qi], 6)] for qi in queries)],
+            "sections": sections,
             "bytes": _bytes(read[j, ii] * size, written[j, ii] * size, end,
                             "on chip: K_j, V_j, dK_j, dV_j and one Q tile's rows"),
         })
+    meet = (f"query {queries[0]} (Q tile {tiles[0]})" if len(queries) == 1 else
+            f"{queries_text(queries)} ({_tiles_text(tiles)})")
     return {
         "kind": "backward", "unit": "tile",
-        "title": f"osm backward: batch {b}, head {h}, key {key}, query {i}",
+        "title": f"osm backward: batch {b}, head {h}, key {key}, {_query_words(queries)}",
         "intro": [f"FA2's backward: for each K/V tile (outer), each Q tile (inner): dV_j += "
                   "Pᵀ·dO_i, dS = P∘(dP − D), dQ_i += scale·dS·K_j, dK_j += scale·dSᵀ·Q_i. The "
-                  f"steps are the tiles key {key} (K/V tile {jk}) and query {i} (Q tile {iq}) "
-                  "meet."],
+                  f"steps are the tiles key {key} (K/V tile {jk}) and {meet} meet.",
+                  BACKWARD_NOTE],
         "matrix": m, "steps": steps,
         "bytes_about": (f"FA1's Algorithm 4 for one head (K/V tiles outer, Q tiles inner; {size} "
                         "B an element): the backward's own traffic"),

@@ -15,7 +15,12 @@ import pytest
 import osm_cli
 from conftest import no_leftovers, one_error, osm
 from osm_cli.present.page import page
-from osm_cli.reports.explain import attention_step_lines, trace_lines
+from osm_cli.reports.explain import (
+    attention_step_lines,
+    backward_key_lines,
+    backward_query_lines,
+    trace_lines,
+)
 from osm_cli.reports.rules import WHOLE
 from osm_cli.studies.costmodel import hbm_bytes_flash
 
@@ -142,6 +147,65 @@ def test_backward_page_walks_the_loop(tmp_path):
                         rel_tol=1e-5)
     assert math.isclose(float(last["‖dK_j‖, key 3"]), res.key_trace[-1].dk_norm, rel_tol=1e-5)
     assert doc["matrix"]["col"] == 3 and doc["matrix"]["row"] == 5
+
+
+def test_attention_page_of_several_rows(tmp_path):
+    """--query 0:4: each tile's state a line a row (the m, l and O vectors of Q tile 0), each
+    row's arithmetic a section of its own, every traced row marked in the matrix, each row's
+    LSE at the end."""
+    doc = document(made(tmp_path, *ATTENTION[:5], "--query", "0:4", *ATTENTION[7:]))
+    with np.load("samples/causal.npz") as z:
+        q, k, v = z["q"], z["k"], z["v"]
+    res = osm_cli.attention(q, k, v, causal=True, block_q=4, block_k=2,
+                            trace_at=(0, 1, [0, 1, 2, 3]))
+    assert doc["title"] == "osm attention: batch 0, head 1, queries 0:4"
+    assert doc["state_head"] == ["query", "tile max", "m", "α", "l", "O[:3]", "‖O‖"]
+    second = doc["steps"][1]
+    assert [row[0] for row in second["state"]] == ["0", "1", "2", "3"]
+    assert second["state"][2][1:5] == ["-0.345765", "1.792688", "1", "1.147522 → 1.265359"]
+    assert second["state"][0][1] == "-inf"  # query 0 sees none of keys 2:4
+    assert [x["title"] for x in second["sections"]] == [f"query {i}" for i in range(4)]
+    for n, step in enumerate(doc["steps"][:2]):
+        assert [x["lines"] for x in step["sections"]] == [
+            attention_step_lines(tr, n) for tr in res.traces]
+    assert doc["steps"][2]["sections"] == [{"title": "", "lines": [
+        "skipped for every traced row: the mask hides these keys; m, l, O unchanged"]}]
+    assert second["lit"] == [0, 4, 2, 4]
+    assert doc["matrix"]["traced_rows"] == [0, 1, 2, 3] and doc["matrix"]["row"] == 0
+    lse = res.lse[1]  # (H, N): the inputs have no batch
+    assert doc["final"] == [f"LSE = m + ln l = {float(lse[i]):.10g} (query {i})"
+                            for i in range(4)]
+
+
+def test_backward_page_shows_each_tiles_arithmetic(tmp_path):
+    """Each step's lines are `osm backward --explain`'s: the key's column of P, dP, D and
+    dS = P∘(dP − D) down the Q tile, the query rows' along the K/V tile, then the gradients'
+    updates; with --query 4:6 a section a row."""
+    doc = document(made(tmp_path, *BACKWARD[:-1], "4:6"))
+    q, k, v, do = (np.load(f"samples/{n}.npy") for n in ("q", "k", "v", "do"))
+    res = osm_cli.attention_backward(q, k, v, None, do, causal=True, block_q=4, block_k=2,
+                                     trace_at=(0, 0, [4, 5]), trace_key=3)
+    third = doc["steps"][2]  # K/V tile 1 × Q tile 1: the key's and both rows' tile
+    assert third["title"] == "K/V tile 1 (keys 2:4) × Q tile 1 (rows 4:8)"
+    titles = [x["title"] for x in third["sections"]]
+    assert titles == ["key 3, down Q tile 1's rows", "query 4, along K/V tile 1's keys",
+                      "query 5, along K/V tile 1's keys"]
+    key, q4, q5 = (x["lines"] for x in third["sections"])
+    assert key[:-2] == backward_key_lines(res.key_trace[1], res.scale, 3)
+    assert q4[:-1] == backward_query_lines(res.query_traces[0][1], res.scale)
+    assert q5[:-1] == backward_query_lines(res.query_traces[1][1], res.scale)
+    assert any(line.startswith("dS = P∘(dP − D)") for line in q4)
+    assert "dS[4, 3] = " in "\n".join(key) and "dS[4, 3] = " in "\n".join(q4)
+    state = dict(third["state"])
+    assert set(state) == {"‖dK_j‖, key 3", "‖dV_j‖, key 3", "‖dQ_i‖, query 4",
+                          "‖dQ_i‖, query 5"}
+    assert doc["matrix"]["traced_rows"] == [4, 5] and doc["matrix"]["col"] == 3
+    doc = document(made(tmp_path, *BACKWARD[:-3], "6", "--query", "5", name="k6.html"))
+    skipped = doc["steps"][3]  # key 6's K/V tile 3 and Q tile 0 (rows 0:4): hidden
+    assert skipped["title"] == "K/V tile 3 (keys 6:8) × Q tile 0 (rows 0:4)"
+    assert skipped["skipped"] and not any(s["skipped"] for s in doc["steps"][:3])
+    assert skipped["sections"][0]["lines"] == [
+        "skipped, not computed: the mask hides the tile; dQ, dK, dV unchanged"]
 
 
 def test_html_bad_path_is_one_error_and_no_file(tmp_path):

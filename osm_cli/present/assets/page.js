@@ -49,6 +49,7 @@
     var drawing = $("drawing");
     drawing.style.position = "relative";
     var table = el("table", "matrix " + m.level);
+    var traced = m.traced_rows || [m.row];
     var head = el("tr");
     head.appendChild(el("th", "", m.level === "tile" ? "tile" : ""));
     for (var k = 0; k < m.cols; k++) {
@@ -57,7 +58,7 @@
     table.appendChild(head);
     for (var r = 0; r < m.rows; r++) {
       var tr = el("tr");
-      tr.appendChild(el("th", r === m.row ? "traced" : "", String(r)));
+      tr.appendChild(el("th", traced.indexOf(r) >= 0 ? "traced" : "", String(r)));
       cells.push([]);
       for (var c = 0; c < m.cols; c++) {
         var td = el("td", "", m.cells ? m.cells[r][c] : "");
@@ -67,7 +68,7 @@
         else if (m.partial[ti] && m.partial[ti][tj]) { td.classList.add("partial"); }
         if (c > 0 && c % m.bk === 0) { td.classList.add("tile-left"); }
         if (r > 0 && r % m.bq === 0) { td.classList.add("tile-top"); }
-        if (r === m.row) { td.classList.add("traced"); }
+        if (traced.indexOf(r) >= 0) { td.classList.add("traced"); }
         if (m.col !== null && c === m.col) { td.classList.add("traced-key"); }
         tr.appendChild(td);
         cells[r].push(td);
@@ -132,13 +133,21 @@
     }
   }
 
+  // one row: (name, value) lines; several rows (doc.state_head): a line a row, the
+  // vectors of m, l and O a Q tile holds as its columns
   function fillState(rows) {
     var table = $("state-table");
     table.textContent = "";
+    table.classList.toggle("rows", !!doc.state_head);
+    if (doc.state_head) {
+      var head = el("tr");
+      doc.state_head.forEach(function (h) { head.appendChild(el("th", "", h)); });
+      table.appendChild(head);
+    }
     rows.forEach(function (row) {
       var tr = el("tr");
       tr.appendChild(el("th", "", row[0]));
-      tr.appendChild(el("td", "value", row[1]));
+      for (var j = 1; j < row.length; j++) { tr.appendChild(el("td", "value", row[j])); }
       table.appendChild(tr);
     });
   }
