@@ -39,6 +39,7 @@ class Measure:
     tiles: int  # tiles of block_q rows × block keys
     skipped: int  # of which every score is masked (-inf): a kernel with the mask skips them
     row_visits: int | None = None  # (query row, key tile) pairs computed, per head; None: all
+    ref_max: float = 1.0  # max |reference| (p or O): the magnitude whose ulps rounding is in
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def score_runner(
     ref_lse = logsumexp(s64)
     rows, n = s.shape
     row_tiles = -(-rows // block_q)
+    top = float(np.abs(ref_p[np.isfinite(ref_p)]).max(initial=0.0))
 
     def run(block: int) -> Measure:
         tr = online_softmax(s, block)
@@ -124,7 +126,7 @@ def score_runner(
         lse_err = np.abs(tr.lse.astype(np.float64)[seen] - ref_lse[seen])
         return Measure(
             float(np.abs(p - ref_p).max()), float(lse_err.max(initial=0.0)), tr.rescales,
-            row_tiles * -(-n // block), skipped,
+            row_tiles * -(-n // block), skipped, ref_max=top,
         )
 
     return run
@@ -146,6 +148,8 @@ def attention_runner(
     """
     opts = split_options(options, opts)[0]
     ref_out, ref_lse = reference(q, k, v, opts)
+    o = np.asarray(ref_out, dtype=np.float64)
+    top = float(np.abs(o[np.isfinite(o)]).max(initial=0.0))
 
     def run(block: int) -> Measure:
         if model is not None:
@@ -160,7 +164,7 @@ def attention_runner(
         err = errors(res, ref_out, ref_lse)
         return Measure(
             err["max_abs_err"], err["max_lse_err"], res.rescales, res.tiles_total,
-            res.tiles_skipped, res.row_visits,
+            res.tiles_skipped, res.row_visits, ref_max=top,
         )
 
     return run
