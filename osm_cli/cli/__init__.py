@@ -21,7 +21,7 @@ from . import tools as _tools
 from . import tour as _tour
 from . import trace as _trace
 from .options import PLOT_LIMIT, VersionOpt
-from .panels import PanelledCommand
+from .panels import NumbersCommand, PanelledCommand
 
 app = typer.Typer(
     name="osm",
@@ -42,9 +42,9 @@ command = app.command(cls=PanelledCommand)  # options in panels (panels.py)
 command(_trace.trace)
 command(_attention.attention)
 command(_backward.backward)
-# Negative scores are arguments here, not options: `osm overflow-demo -inf -1 2`.
-app.command("overflow-demo", cls=PanelledCommand,
-            context_settings={"ignore_unknown_options": True})(_trace.overflow_demo)
+# Negative scores are arguments here, not options: `osm overflow-demo -inf -1 2` (and an
+# unknown option still "No such option": NumbersCommand).
+app.command("overflow-demo", cls=NumbersCommand)(_trace.overflow_demo)
 command(_tools.merge)
 command(_tools.sweep)
 command(_tools.cost)

@@ -102,8 +102,8 @@ def attention(
     csv: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png", help="Also draw the traced head's probability matrix (the "
-        f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs: "
-        "pip install 'osm-cli[plot]').")] = None,
+        f"first {PLOT_LIMIT}×{PLOT_LIMIT}), its tile grid and skipped tiles, to a PNG (needs "
+        "matplotlib: pip install matplotlib, or '.[plot]' in a clone).")] = None,
     random: RandomOpt = None,
     as_json: JsonOpt = False,
     inputs: Inputs,

@@ -10,6 +10,8 @@ Leaves out: the options themselves (options.py), the commands.
 
 from __future__ import annotations
 
+import inspect
+
 import typer.core
 
 # panel -> the parameter names it groups, in the order the panels are printed
@@ -49,7 +51,17 @@ def panel_of(command: str | None, name: str | None) -> str:
 
 
 class PanelledCommand(typer.core.TyperCommand):
-    """A command whose --help lists its options in panels (PANELS' order, then Options)."""
+    """A command whose --help lists its options in panels (PANELS' order, then Options), and
+    whose summary in `osm --help` is its help's first paragraph, whole."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The first paragraph of the help, never cut: click's default cuts it to fit the
+        line with "..." ("Judge a kernel's output (and LSE) the way..." at 80 columns); the
+        list of commands wraps it in its column instead."""
+        if self.short_help:
+            return self.short_help
+        first = inspect.cleandoc(self.help or "").split("\n\n")[0]
+        return " ".join(first.replace("\b", "").split())
 
     def format_options(self, ctx, formatter) -> None:
         args, groups = [], {}
@@ -70,4 +82,38 @@ class PanelledCommand(typer.core.TyperCommand):
                 formatter.write_dl(groups[panel])
 
 
-__all__ = ["COMMAND_PANELS", "PANELS", "PanelledCommand", "panel_of"]
+class NumbersCommand(PanelledCommand):
+    """A PanelledCommand whose arguments are numbers, negative ones too (`osm overflow-demo
+    -inf -1 2`, which click would read as options): the numbers (every argument that reads as
+    one and is no option's value) are handed to click after a "--", in their order, so that
+    anything else starting with "-" that is not one of the command's options is click's own
+    "No such option" (exit 2), as in every other command, not a bad number."""
+
+    def parse_args(self, ctx, args):
+        valued = {o for p in self.get_params(ctx) if p.param_type_name == "option"
+                  and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
+                  for o in (*p.opts, *p.secondary_opts)}
+        rest, numbers, i = [], [], 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                numbers += args[i + 1:]
+                break
+            if arg in valued:  # an option and its value, as they are
+                rest += args[i:i + 2]
+                i += 2
+                continue
+            (numbers if _number(arg) else rest).append(arg)
+            i += 1
+        return super().parse_args(ctx, [*rest, *(["--", *numbers] if numbers else [])])
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+__all__ = ["COMMAND_PANELS", "PANELS", "NumbersCommand", "PanelledCommand", "panel_of"]

@@ -12,14 +12,18 @@ from typing import Annotated
 
 import typer
 
+from osm_cli.errors import OsmError
+
 from .common import check_outputs, emit_json, guarded, need_plot, out, save
 from .groups import Model, Mods, Scores, grouped, score_options
 from .options import (
     AccumDtype,
     BlockQOpt,
     InputDtypeOpt,
+    InputSeedOpt,
     JsonOpt,
     LseBase,
+    RandomOpt,
     SweepCsvOpt,
     ValuesOpt,
     block_list,
@@ -107,6 +111,8 @@ def sweep(
     input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
     mods: Mods,
+    random: RandomOpt = None,
+    seed: InputSeedOpt = 0,
 ):
     """Sweep block sizes: error, rescales and tiles measured; working set and HBM traffic modelled.
 
@@ -121,6 +127,7 @@ def sweep(
       osm sweep samples/scores.txt --blocks 1,2,4 --accum float32
       osm sweep samples/long.npz --blocks 16,32,64,128,256 --sram 192KiB --causal
       osm sweep samples/long.npz --blocks 32,64,128 --dtype bf16 --kernel fa4
+      osm sweep --random 1,2,256,16 --blocks 16,64,256 --causal
     """
     from osm_cli import io
     from osm_cli.present import csv as export
@@ -131,13 +138,21 @@ def sweep(
     from osm_cli.studies.sweep import sweep_scores
 
     files = files or []
+    if random is not None and (files or values is not None):
+        raise OsmError("give scores, Q K V files or --random B,H,N,d, one of them")
     need_plot(plot)
     check_outputs(plot=plot, csv=csv)
-    qkv = io.is_qkv(files)
+    qkv = random is not None or io.is_qkv(files)
     sweep_options(files, qkv, values, head_dim, scores.given, kernel != Model())
     if qkv:
+        if random is not None:
+            from osm_cli.studies.inputs import parse_shape, random_qkv
+
+            given = random_qkv(parse_shape(random), seed)
+            files = [f"--random {random} --seed {seed}"]
         res, name, about, doc = _sweep_qkv(files, blocks, sram, block_q, dtype_bytes,
-                                           accum.value, scores, kernel, input_dtype, mods)
+                                           accum.value, scores, kernel, input_dtype, mods,
+                                           given if random is not None else None)
     else:
         s, name = io.load_scores(files[0] if files else None, values, input_dtype)
         s = io.scores_with_mods(s, **mods.keywords())  # row r is q_idx r, position j kv_idx j
@@ -182,8 +197,9 @@ def cost(
 
 
 def _sweep_qkv(files, blocks, sram, block_q, dtype_bytes, accum: str, scores, kernel, raw_as,
-               mods):
-    """sweep over Q/K/V: (result, name, the about line, the JSON document)."""
+               mods, given=None):
+    """sweep over Q/K/V (given: the tensors of --random, else loaded from files): (result,
+    name, the about line, the JSON document)."""
     from osm_cli import io
     from osm_cli.precision.dtypes import shared_narrow
     from osm_cli.present import json as documents
@@ -191,7 +207,7 @@ def _sweep_qkv(files, blocks, sram, block_q, dtype_bytes, accum: str, scores, ke
     from osm_cli.studies.sweep import sweep_attention
 
     opts = score_options(scores)
-    q, k, v = io.load_qkv(files, raw_as)
+    q, k, v = given if given is not None else io.load_qkv(files, raw_as)
     if mods.score_mod is not None or mods.mask_mod:
         from dataclasses import replace
 

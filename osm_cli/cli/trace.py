@@ -71,7 +71,8 @@ def trace(
     csv: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", metavar="FILE.png",
-        help="Also draw m, l and α per block to a PNG (needs: pip install 'osm-cli[plot]')."),
+        help="Also draw m, l (as l_old·α plus the block's sum) and α per block to a PNG (needs "
+        "matplotlib: pip install matplotlib, or '.[plot]' in a clone)."),
     ] = None,
     step: StepOpt = False,
     explain: ExplainOpt = False,

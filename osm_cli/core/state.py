@@ -179,7 +179,7 @@ def merge_step(
 
 def with_sink(state: State, sink: np.ndarray) -> tuple[State, np.ndarray]:
     """The state with a sink logit in the softmax's denominator only (docs/numerics.md#sinks):
-    a key of score `sink` whose value is 0, merged like any block by `combine`. m = max(m, sink),
+    a key of score `sink` whose V row is 0, merged like any block by `combine`. m = max(m, sink),
     l = l·α + exp(sink − m), O = O·α: the output's numerator gets nothing. Returns (state, α).
 
     Example: with_sink(State(np.array([0.]), np.array([1.])), np.array([0.]))[0].l -> [2.]

@@ -23,7 +23,7 @@ def convention_rows(res) -> list:
     window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
     return [
         ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
-        ("scale", f"{res.scale:.8g}"),
+        ("softmax scale", f"{res.scale:.8g}"),  # not α, the scale factor: one word, one number
         ("causal", f"yes ({res.align})" if res.causal else "no"),
         ("window", window),
         ("mask", res.mask),
@@ -69,29 +69,52 @@ def attention_tables(res) -> list[Table]:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
         rows += [("tiles", tiles_text(res)),
-                 ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max")]
+                 ("rescales", f"{res.rescales} times a tile raised a row's m (l and O then × α "
+                  "< 1)")]
     rows.append(("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"))
     tables = [Table("attention", (), tuple(rows))]
     if res.trace:
         b, h, i = res.traced
-        shown, note = elided(res.trace, "tiles")
         d = res.shape_v[-1]
         o_head = f"O[:{min(3, d)}] of {d}"
-        cells = []
-        for s in shown:
-            if s is None:
-                cells.append(("⋮",) * 8)
-                continue
+
+        def state(s) -> tuple:
             o = "" if s.o is None else "[" + ", ".join(num(x, 4) for x in np.ravel(s.o)[:3]) + "]"
-            cells.append(("sink" if s.sink else str(s.block),
-                          "" if s.sink else f"{s.start}:{s.stop}",
-                          "skipped" if s.masked else num(s.block_max, 7), arrow(s.m_prev, s.m, 7),
-                          "" if s.masked else num(s.alpha, 7), arrow(s.l_prev, s.l, 7),
-                          "" if s.masked else o, "" if s.masked else num(s.o_norm, 7)))
+            return ("skipped" if s.masked else num(s.block_max, 7), arrow(s.m_prev, s.m, 7),
+                    "" if s.masked else num(s.alpha, 7), arrow(s.l_prev, s.l, 7),
+                    "" if s.masked else o, "" if s.masked else num(s.o_norm, 7))
+
+        def where(s) -> tuple:
+            return ("sink" if s.sink else str(s.block), "" if s.sink else f"{s.start}:{s.stop}")
+
+        head = ("tile max", "m", "α", "l", o_head, "‖O‖")
+        if len(res.traces) > 1:  # a line per row under each tile: the vectors of a Q tile
+            shown, note = elided(range(min(map(len, res.traces))), "tiles")
+            cells = []
+            for k in shown:
+                if k is None:
+                    cells.append(("⋮",) * 9)
+                    continue
+                for n, (qi, tr) in enumerate(zip(res.queries, res.traces, strict=True)):
+                    cells.append((*(where(tr[k]) if n == 0 else ("", "")), str(qi),
+                                  *state(tr[k])))
+            tables.append(Table(f"trace of batch {b}, head {h}, {_queries(res.queries)}: start "
+                                "m = -inf, l = 0, O = 0 (a line per row under each tile)",
+                                ("tile", "keys", "query", *head), tuple(cells), note))
+            return tables
+        shown, note = elided(res.trace, "tiles")
+        cells = [("⋮",) * 8 if s is None else (*where(s), *state(s)) for s in shown]
         tables.append(Table(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, "
-                            "O = 0", ("tile", "keys", "tile max", "m", "α", "l", o_head, "‖O‖"),
-                            tuple(cells), note))
+                            "O = 0", ("tile", "keys", *head), tuple(cells), note))
     return tables
+
+
+def _queries(queries) -> str:
+    """'queries 0:4' for consecutive rows, 'queries 0, 2, 5' otherwise (as the terminal's)."""
+    qs = list(queries)
+    if len(qs) > 2 and qs == list(range(qs[0], qs[-1] + 1)):
+        return f"queries {qs[0]}:{qs[-1] + 1}"
+    return "queries " + ", ".join(map(str, qs))
 
 
 def backward_tables(res) -> list[Table]:
@@ -121,13 +144,31 @@ def backward_tables(res) -> list[Table]:
         return tuple(cells), note
 
     key_rows, key_note = trace(res.key_trace, True)
+    tables = [Table("attention backward", (), tuple(rows)),
+              Table(f"key {res.traced_key} of batch {b}, kv head {res.kv_head}: dK_j, dV_j over "
+                    "the Q tiles, start 0", ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖",
+                                             "‖dV_j‖"), key_rows, key_note)]
+    if len(res.query_traces) > 1:  # a line per traced row under each K/V tile
+        shown, note = elided(range(min(map(len, res.query_traces))), "tiles")
+        cells = []
+        for k in shown:
+            if k is None:
+                cells.append(("⋮",) * 6)
+                continue
+            for n, (qi, tr) in enumerate(zip(res.queries, res.query_traces, strict=True)):
+                s = tr[k]
+                cells.append((*((str(s.block), f"{s.start}:{s.stop}") if n == 0 else ("", "")),
+                              str(qi), *(("skipped", "") if s.masked else (
+                                  num(s.p_max, 8), num(s.ds_sum, 8))), num(s.dq_norm, 8)))
+        tables.append(Table(f"{_queries(res.queries)} of batch {b}, head {h}: dQ_i over the K/V "
+                            "tiles, start 0 (a line per row under each tile)",
+                            ("K/V tile", "keys", "query", "P max", "Σ dS", "‖dQ_i‖"),
+                            tuple(cells), note))
+        return tables
     query_rows, query_note = trace(res.query_trace, False)
-    return [Table("attention backward", (), tuple(rows)),
-            Table(f"key {res.traced_key} of batch {b}, kv head {res.kv_head}: dK_j, dV_j over "
-                  "the Q tiles, start 0", ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖",
-                                           "‖dV_j‖"), key_rows, key_note),
-            Table(f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0",
-                  ("K/V tile", "keys", "P max", "Σ dS", "‖dQ_i‖"), query_rows, query_note)]
+    tables.append(Table(f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0",
+                        ("K/V tile", "keys", "P max", "Σ dS", "‖dQ_i‖"), query_rows, query_note))
+    return tables
 
 
 __all__ = ["attention_tables", "backward_tables", "convention_rows", "kernel_inputs_rows",

@@ -63,7 +63,7 @@ def attention_summary(res, ref_err: dict | None, kernel: str | None = None) -> T
     else:
         rows += [
             ("tiles", tiles_text(res)),
-            ("rescales", f"{res.rescales} (row, tile) updates moved a finite running max"),
+            ("rescales", f"{res.rescales} times a tile raised a row's m (l and O then × α < 1)"),
         ]
     rows += [
         ("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"),

@@ -227,7 +227,7 @@ def sweep_table(result, source: str, about: str | None = None, width: int = 100)
             "block-sparse)." if sparse else "")
     note = Text(
         "tile bytes: one tile step's working set, Q_i, K_j, V_j in the input dtype and S, the "
-        f"O accumulator,\nm, l in fp32. {what}\nHBM bytes (forward) are FA1's I/O model "
+        f"O accumulator, m, l in fp32.\n{what}\nHBM bytes (forward) are FA1's I/O model "
         f"(Algorithms 0 and 1), not a measurement.{skip}",
         style="dim",
     )

@@ -152,9 +152,24 @@ def _element_table(scores, online, stable, naive, show_all: bool, index, n, d: i
         ]
 
     table = fill(t, len(scores) if n is None else n, row, show_all)
+    ulps_note = Text(ULPS, style="dim")
     if with_naive:
-        return Group(table)
-    return Group(table, Text("(naive p left out at this width: --json has it)", style="dim"))
+        return Group(table, ulps_note)
+    return Group(table, ulps_note,
+                 Text("(naive p left out at this width: --json has it)", style="dim"))
+
+
+# the ulps column, said under the table that first prints it
+ULPS = "ulps: |online−stab| in units in the last place of stabilized p (float64's)"
+
+
+def masked_row_note() -> Text:
+    """A traced row with every score -inf: the one explanation overflow-demo gives too, and
+    which of the table's columns is which form."""
+    from osm_cli.studies.overflow import MASKED_ROW
+
+    return Text(MASKED_ROW + " Here online p and stabilized p are osm's guarded forms (0 for "
+                "every entry); naive p is 0 / 0 = nan.")
 
 
 def rows_table(m, l, lse, max_diff, show_all: bool = False) -> Table:
@@ -182,9 +197,10 @@ def trace_heads(rep, name: str) -> list:
 
 
 def sink_line(st, sink: float) -> Text:
-    """The sink joining the denominator after the last block: a score σ of value 0."""
+    """The sink joining the denominator after the last block: a score σ whose V row is 0."""
     return Text.assemble(
-        "sink σ = ", num(sink, 8), ": a score whose value is 0, merged after the last block:\n",
+        "sink σ = ", num(sink, 8), ": one more score, whose V row is 0 (it adds to l, not to "
+        "O), merged after the last block:\n",
         "m = ", arrow(st.m_prev, st.m), ", α = ", num(st.alpha), ", l = l·α + exp(σ − m) = ",
         arrow(st.l_prev, st.l), "\n(l now exceeds the scores' own Σ exp(s − m); the "
         "probabilities sum to ", num(st.l_prev * st.alpha / st.l, 8), ")")
@@ -209,6 +225,8 @@ def trace_results(rep, show_all: bool = False, width: int = 100) -> Group:
     parts += [element_table(e["scores"], e["probabilities"], e["reference"], e["naive"],
                             show_all, width, index=shown, n=n),
               agreement("online vs one-shot stabilized", float(rep.max_diff[row]))]
+    if n and np.isneginf(np.asarray(rep.rows[row], dtype=np.float64)).all():
+        parts.append(masked_row_note())
     if n_rows > 1:
         parts.append(rows_table(m, l, lse, rep.max_diff, show_all))
     if rep.lazy is not None:
@@ -345,4 +363,5 @@ def _dtype_elements(scores, lt, row: int, show_all: bool, dx: int, dh: int, with
             if (n := note(i)):
                 notes.setdefault(n.plain, []).append(str(i))
         under += [f"{what}: i = {', '.join(where)}" for what, where in notes.items()]
-    return Group(table, *([Text("; ".join(under), style="dim")] if under else []))
+    ulps_note = Text(f"ulps: |p − p64| in units in the last place of p in {m.name}", style="dim")
+    return Group(table, ulps_note, *([Text("; ".join(under), style="dim")] if under else []))

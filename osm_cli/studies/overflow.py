@@ -123,6 +123,16 @@ def _demo_note(xs: np.ndarray, rows: list[DemoRow]) -> str:
     return " ".join(note)
 
 
+# the fully masked row, explained once: overflow-demo's masked table and osm trace of such a row
+# both say it in these words, then which of their columns is which form
+MASKED_ROW = (
+    "A fully masked row (every score -inf): the textbook stabilized form gives NaN, as its max "
+    "is -inf and (-inf) - (-inf) = nan; osm's guarded forms take 0 for that max and give 0 for "
+    "every entry (LSE -inf by default), as FlashAttention kernels do: such a row is padding or "
+    "a causal edge, not an error."
+)
+
+
 def _masked_row():
     neg = np.full(3, -np.inf, dtype=np.float32)
     masked = (
@@ -132,8 +142,6 @@ def _masked_row():
         ("online (osm)", online_softmax(neg, block=2).probabilities,
          "m stays -inf, l = 0: subtract 0 instead of -inf, output 0"),
     )
-    masked_note = (
-        "osm gives 0, not NaN, for a row with every score masked, as FlashAttention kernels do: "
-        "such a row is padding or a causal edge, not an error. Its LSE is -inf by default."
-    )
+    masked_note = (MASKED_ROW + " Above, naive and stabilized (textbook) are the unguarded "
+                   "forms, online (osm) the guarded one.")
     return masked, masked_note

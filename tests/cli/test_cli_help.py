@@ -93,3 +93,38 @@ def test_check_takes_dout_beside_do(tmp_path):
     a, b = osm(*base, "--do", tmp_path / "do.npy"), osm(*base, "--dout", tmp_path / "do.npy")
     assert a.exit_code == 0, a.output
     assert a.stdout == b.stdout and '"tensor": "dv"' in a.stdout
+
+
+def test_osm_help_gives_every_summary_whole():
+    """`osm --help` at 80 columns lists each command with its help's first sentence, wrapped in
+    the column, never cut with "..." (click's default cut "Judge a kernel's output (and LSE)
+    the way..." there)."""
+    width = 80
+    r = osm("--help", width=width)
+    assert r.exit_code == 0
+    listed = r.stdout.split("\nCommands:\n")[1]
+    assert "..." not in listed
+    assert max(map(len, listed.splitlines())) <= width
+    flat = " ".join(listed.split())
+    assert "check Judge a kernel's output (and LSE) the way FlashAttention's own tests do." in flat
+    assert ("attention Tiled FlashAttention forward on real Q/K/V tensors, traced tile by "
+            "tile.") in flat
+    assert all(f" {c} " in f" {flat} " for c in (*COMMANDS, "tour"))
+
+
+@pytest.mark.parametrize("command", (*COMMANDS, "tour"))
+def test_every_commands_unknown_option_is_no_such_option(command):
+    r = osm(command, "--bogus-option", "x.svg")
+    assert r.exit_code == 2
+    assert r.stderr.rstrip().splitlines()[-1] == "Error: No such option: --bogus-option"
+
+
+@pytest.mark.parametrize("args", [["-inf", "-1", "2"], ["--dtype", "fp16", "-5", "3"],
+                                  ["-1e3", "--dtype=fp32", "7"], ["--", "-2", "1"]])
+def test_overflow_demo_takes_negative_numbers_and_refuses_unknown_options(args):
+    r = osm("overflow-demo", *args)
+    assert r.exit_code == 0, r.output
+    values = [a for a in args if a not in ("--", "--dtype", "fp16", "--dtype=fp32")]
+    assert f"(x = {', '.join(values)})" in r.stdout.replace("-1000", "-1e3")
+    r = osm("overflow-demo", "--svg", "x.svg", "-1")
+    assert r.exit_code == 2 and "Error: No such option: --svg" in r.stderr

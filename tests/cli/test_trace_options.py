@@ -230,7 +230,9 @@ def test_plot_without_matplotlib(runner, tmp_path, monkeypatch):
     r = run(runner, "samples/scores.txt", "--plot", path)
     assert r.exit_code == 1
     assert r.stderr == f"Error: {INSTALL}\n"
-    assert INSTALL == "--plot needs matplotlib: pip install 'osm-cli[plot]'"
+    # right for an installed osm (matplotlib is all the extra adds) and for a clone (its extra)
+    assert INSTALL == ("--plot needs matplotlib: pip install matplotlib (in a clone of osm: "
+                       "pip install '.[plot]')")
     assert not path.exists() and r.stdout == ""
 
 

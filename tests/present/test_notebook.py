@@ -56,6 +56,30 @@ def test_backward_shows_both_traces():
     assert "| D = rowsum(dO∘O) | -1.58211 to 1.84438 |" in md
 
 
+def test_several_rows_show_side_by_side():
+    """--query 0:4's records in Jupyter: a line per row under each tile (the m, l and O vectors
+    of Q tile 0), not the first row alone; backward's dQ_i likewise for each traced row."""
+    with np.load("samples/causal.npz") as z:
+        q, k, v = z["q"], z["k"], z["v"]
+    r = osm_cli.attention(q, k, v, causal=True, block_q=4, block_k=2,
+                          trace_at=(0, 1, [0, 1, 2, 3]))
+    md = r._repr_markdown_()
+    assert "**trace of batch 0, head 1, queries 0:4: start m = -inf, l = 0, O = 0" in md
+    assert "| tile | keys | query | tile max | m | α | l | O[:3] of 4 | ‖O‖ |" in md
+    assert ("|   |   | 2 | -0.345765 | 1.792688 | 1 | 1.147522 → 1.265359 | "
+            "[-1.088, 0.2525, 1.059] | 2.009255 |") in md  # query 2's line as its own trace's
+    assert "| 1 | 2:4 | 0 | -inf | 0.8353411 | 1 | 1 |" in md
+    assert md.count("| skipped |") == 8  # tiles 2 and 3, for each of the 4 rows
+    q, k, v, do = (np.load(f"samples/{n}.npy") for n in ("q", "k", "v", "do"))
+    g = osm_cli.attention_backward(q, k, v, None, do, causal=True, block_q=4, block_k=2,
+                                   trace_at=(0, 0, [4, 5]), trace_key=3)
+    md = g._repr_markdown_()
+    assert "**queries 4, 5 of batch 0, head 0: dQ_i over the K/V tiles" in md
+    lines = [ln for ln in md.splitlines() if ln.startswith("|   |   | 5 |")]
+    assert len(lines) == 4 and lines[-1].endswith(
+        f"| {g.query_traces[1][-1].dq_norm:.8g} |")
+
+
 def test_check_shows_its_verdicts():
     with np.load("samples/kernel_fp16.npz") as z:
         c = osm_cli.check(z["q"], z["k"], z["v"], z["out"], dtype="float16", causal=True,

@@ -104,6 +104,8 @@ ELEMENTS = golden("""
  2    1005    0.830952660544    0.830952660544       nan        2.22e-16      2
  3    1003    0.112457213671    0.112457213671       nan               0      0
  4    -inf                 0                 0         0               0      0
+
+ulps: |online−stab| in units in the last place of stabilized p (float64's)
 """)
 
 
@@ -206,8 +208,10 @@ a fully masked row, x = [-inf, -inf, -inf] (float32)
  online (osm)            [0, 0, 0]         m stays -inf, l = 0: subtract 0 instead of -inf, output
                                            0
 
-osm gives 0, not NaN, for a row with every score masked, as FlashAttention kernels do: such a row is
-padding or a causal edge, not an error. Its LSE is -inf by default.
+A fully masked row (every score -inf): the textbook stabilized form gives NaN, as its max is -inf
+and (-inf) - (-inf) = nan; osm's guarded forms take 0 for that max and give 0 for every entry (LSE
+-inf by default), as FlashAttention kernels do: such a row is padding or a causal edge, not an
+error. Above, naive and stabilized (textbook) are the unguarded forms, online (osm) the guarded one.
 """)
 
 
