@@ -1,10 +1,11 @@
 """The `osm` command line: typer options in, one call into the layers below, renderables out.
 
 options.py declares the choices and shared options once; common.py holds what every command
-shares (consoles, "Error: …" lines and exit codes, output files, step mode, the progress bar);
-trace.py, attention.py, backward.py, tools.py and battery.py hold the commands. They are
-registered here in the order `osm --help` lists them. A command module imports at its top only
-typer, the standard library, options.py and common.py; numpy, rich and the layers below are
+shares (consoles, "Error: …" lines and exit codes, output files, step mode, the progress bar),
+groups.py the option groups several commands take; trace.py, attention.py, backward.py,
+check.py, tools.py and battery.py hold the commands. They are registered here in the order
+`osm --help` lists them. A command module imports at its top only typer, the standard library
+and the modules beside it; numpy, rich and the layers below are
 imported in the command's body, so that `osm --help` starts in a tenth of a second
 (tests/api/test_api.py checks it loads neither numpy nor rich; benchmarks/bench_startup.py times
 it). Exit codes: 0 success; 1 bad input ("Error: …" on stderr); 2 bad option values (Typer).
@@ -17,6 +18,7 @@ import typer
 from . import attention as _attention
 from . import backward as _backward
 from . import battery as _battery
+from . import check as _check
 from . import tools as _tools
 from . import tour as _tour
 from . import trace as _trace
@@ -48,7 +50,7 @@ app.command("overflow-demo", cls=NumbersCommand)(_trace.overflow_demo)
 command(_tools.merge)
 command(_tools.sweep)
 command(_tools.cost)
-command(_attention.check)
+command(_check.check)
 command(_battery.battery)
 command(_tour.tour)
 
