@@ -4,7 +4,7 @@ Choices are enums made from the lower layers' own tuples (a new update form or l
 new choice here), taken from their names.py modules, which load no numpy: `osm --help` builds
 every option from this module. Options that several commands share are Annotated types used by
 each.
-Leaves out: the commands (trace.py, attention.py, tools.py).
+Leaves out: the option groups (groups.py), the commands.
 """
 
 from __future__ import annotations
@@ -275,8 +275,8 @@ ShowAllOpt = Annotated[bool, typer.Option("--all", help="Show every tile and com
 positive_softcap = library_checked("check_softcap")
 
 
-# The kernels' own inputs (issue: what real kernels take), added to a command by
-# common.kernel_inputs; their names are the kernels' argument names.
+# The kernels' own inputs (issue: what real kernels take), taken by a command as the group
+# groups.Inputs (the mods: groups.Mods); their names are the kernels' argument names.
 KvLayout = _choices("KvLayout", KV_LAYOUTS)
 SoftcapOpt = Annotated[float | None, typer.Option(
     "--softcap", callback=positive_softcap, help="Logit softcap C: a scaled score s becomes "
