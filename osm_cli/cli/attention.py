@@ -25,7 +25,18 @@ from .common import (
     qkv_inputs,
     save,
 )
-from .groups import Descales, Inputs, Model, Mods, Scores, Shown, Traced, grouped, score_options
+from .groups import (
+    Descales,
+    Inputs,
+    Model,
+    Mods,
+    Scores,
+    Shown,
+    Traced,
+    group,
+    grouped,
+    score_options,
+)
 from .options import (
     PLOT_LIMIT,
     AccumOpt,
@@ -43,6 +54,51 @@ from .options import (
 )
 
 
+@group
+class Tiles:
+    """How attention walks the tiles: their sizes, the update form, the K/V tiles' order,
+    split-KV, lazy rescale; and the LSE of a row that sees no key."""
+
+    block_q: BlockQOpt = None
+    block_k: Annotated[
+        int | None, typer.Option("--block-k", min=1,
+                                 help="Keys per tile (default 128 for d <= 64, else 64).")
+    ] = None
+    masked_lse: Annotated[
+        MaskedLse | None, typer.Option("--masked-lse", help="LSE of fully masked rows "
+                                       "(default: the kernel's own: fa2 pos-inf, fa4, "
+                                       "fa4-sm100 and tiles neg-inf).")
+    ] = None
+    form: Annotated[
+        UpdateForm, typer.Option("--form", help="Update form of the online step.")
+    ] = UpdateForm.rescale
+    splits: Annotated[
+        int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
+                                 "each to (O, LSE), merge, compare with the unsplit run.")
+    ] = None
+    order: Annotated[
+        TileOrder, typer.Option("--order", help="Order to visit the K/V tiles in.")
+    ] = TileOrder.forward
+    rescale_threshold: Annotated[
+        float | None, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): "
+                                   "move m only when a tile's max exceeds it by more than τ "
+                                   "(natural log; a kernel preset gets τ·log2(e), its log2 "
+                                   "units; default 0, fa4-sm100's own 8 log2 units in 16 bit).")
+    ] = None
+
+    def tiling(self):
+        """flash.options.Tiling of the sizes and the form."""
+        from osm_cli.flash.options import Tiling
+
+        return Tiling(block_q=self.block_q, block_k=self.block_k, form=self.form.value)
+
+    def keywords(self) -> dict:
+        """reports.attention.attention_report's keywords for the rest."""
+        return {"splits": self.splits, "order": self.order.value,
+                "rescale_threshold": self.rescale_threshold,
+                "masked_lse": self.masked_lse and self.masked_lse.value}
+
+
 @guarded
 @exports
 @grouped
@@ -53,19 +109,7 @@ def attention(
     ] = None,
     *,
     scores: Scores,
-    block_q: BlockQOpt = None,
-    block_k: Annotated[
-        int | None, typer.Option("--block-k", min=1,
-                                 help="Keys per tile (default 128 for d <= 64, else 64).")
-    ] = None,
-    masked_lse: Annotated[
-        MaskedLse | None, typer.Option("--masked-lse", help="LSE of fully masked rows "
-                                       "(default: the kernel's own: fa2 pos-inf, fa4, "
-                                       "fa4-sm100 and tiles neg-inf).")
-    ] = None,
-    form: Annotated[
-        UpdateForm, typer.Option("--form", help="Update form of the online step.")
-    ] = UpdateForm.rescale,
+    tiles: Tiles,
     traced: Traced,
     out_path: Annotated[str | None, typer.Option("--out", help="Write O to this .npy.")] = None,
     lse_path: Annotated[
@@ -73,20 +117,7 @@ def attention(
     ] = None,
     no_reference: NoReferenceOpt = False,
     shown: Shown,
-    splits: Annotated[
-        int | None, typer.Option("--splits", min=1, help="Split-KV: cut K/V into S chunks, run "
-                                 "each to (O, LSE), merge, compare with the unsplit run.")
-    ] = None,
-    order: Annotated[
-        TileOrder, typer.Option("--order", help="Order to visit the K/V tiles in.")
-    ] = TileOrder.forward,
     seed: SeedOpt = 0,
-    rescale_threshold: Annotated[
-        float | None, typer.Option("--rescale-threshold", min=0.0, help="Lazy rescale (FA4): "
-                                   "move m only when a tile's max exceeds it by more than τ "
-                                   "(natural log; a kernel preset gets τ·log2(e), its log2 "
-                                   "units; default 0, fa4-sm100's own 8 log2 units in 16 bit).")
-    ] = None,
     kernel: Model,
     descales: Descales,
     precision: PrecisionOpt = None,
@@ -118,7 +149,6 @@ def attention(
       osm attention samples/qkv.npz --dtype bf16 --block-k 2
       osm attention samples/qkv.npz --dtype bf16 --kernel fa4
     """
-    from osm_cli.flash.options import Tiling
     from osm_cli.precision.dtypes import shared_narrow
     from osm_cli.precision.model import prepare
     from osm_cli.present import json as documents
@@ -139,12 +169,9 @@ def attention(
     need_plot(plot)
     with progress() as tick:
         rep = attention_report(
-            q, k, v, opts, Tiling(block_q=block_q, block_k=block_k, form=form.value), model=lab,
-            notes=notes, splits=splits, order=order.value, seed=seed,
-            with_reference=not no_reference, progress=tick,
-            masked_lse=masked_lse and masked_lse.value, kernel=kernel.name,
-            mma=kernel.mma.value, descale=scales, rescale_threshold=rescale_threshold,
-            trace_at=traced.at())
+            q, k, v, opts, tiles.tiling(), model=lab, notes=notes, seed=seed,
+            with_reference=not no_reference, progress=tick, kernel=kernel.name,
+            mma=kernel.mma.value, descale=scales, trace_at=traced.at(), **tiles.keywords())
     save((out_path, rep.stored_out, None), (lse_path, rep.result.lse, None),
          *attention_files(csv, plot, rep.result, q, k, opts, names))
     if as_json:
