@@ -75,12 +75,18 @@ def exp2_f64(t: np.ndarray) -> np.ndarray:
     return np.ldexp(_exp2_coarse()[a.astype(np.int64)] * p, k.astype(np.int64))
 
 
-def _exp2_grid(sign: float) -> np.ndarray:
-    """2^(sign · j·2^-23) for j < 2^23 as one outer product of two small tables."""
+def _exp2_factors(sign: float) -> tuple[np.ndarray, np.ndarray]:
+    """The two small tables whose products are _exp2_grid: 2^(sign·a·2^-11), a < 2^11, and
+    2^(sign·b·2^-23), b < 2^12."""
     hi = _exp2_taylor(np.arange(2**11) * 2.0**-11) if sign > 0 else exp2_f64(
         -np.arange(2**11) * 2.0**-11)
-    lo = exp2_f64(sign * np.arange(2**12) * 2.0**-23)
-    return np.multiply.outer(hi, lo).reshape(-1)
+    return hi, exp2_f64(sign * np.arange(2**12) * 2.0**-23)
+
+
+def _exp2_grid(sign: float) -> np.ndarray:
+    """2^(sign · j·2^-23) for j < 2^23 as one outer product of two small tables (entry j =
+    a·2^12 + b is hi[a]·lo[b])."""
+    return np.multiply.outer(*_exp2_factors(sign)).reshape(-1)
 
 
 def _log2_grid() -> np.ndarray:
@@ -157,10 +163,15 @@ def pack(name: str, measured: np.ndarray) -> np.ndarray:
     return np.frombuffer(lzma.compress(raw, preset=6), dtype=np.uint8)
 
 
-def unpack(name: str, stored: np.ndarray) -> np.ndarray:
+def differences(stored: np.ndarray) -> np.ndarray:
+    """A stored table's differences from its prediction, in units of the last place."""
     raw = lzma.decompress(np.asarray(stored, dtype=np.uint8).tobytes())
+    return np.frombuffer(raw[1:], dtype=np.dtype(raw[:1].decode()))
+
+
+def unpack(name: str, stored: np.ndarray) -> np.ndarray:
     val = predicted(name)  # int32 bits, fresh: the differences are added in place
-    val += np.frombuffer(raw[1:], dtype=np.dtype(raw[:1].decode()))
+    val += differences(stored)
     return from_bits(val)
 
 
@@ -172,11 +183,24 @@ def table(name: str, path: str | None = None) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def ex2_table(path: str | None = None) -> np.ndarray:
-    """ex2's two tables end to end, N then P (2^24 float32 values): the compiled ex2's one
-    lookup, its index the input's sign bit (clear: P) above its 23 fraction bits."""
+def ex2_compact(path: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """ex2's tables N and P (rows 0 and 1) as ex2 reads them, 4 MB where the tables take 64:
+    the prediction's two factors (_exp2_factors, float64, 2^11 and 2^12 a row) and each
+    entry's difference from the prediction's float32 plus 2, in 2 bits, 4 to a byte (entry j
+    in bits 2·(j mod 4) of byte j // 4); None where a difference is outside −2…1 (the H200's
+    are inside): ex2 then looks up the whole tables."""
+    his, los, packs = [], [], []
     with np.load(path or DATA) as z:
-        return np.concatenate([unpack("ex2_neg", z["ex2_neg"]), unpack("ex2_pos", z["ex2_pos"])])
+        for name, sign in (("ex2_neg", -1.0), ("ex2_pos", 1.0)):
+            d = differences(z[name]).astype(np.int16) + 2
+            if d.size != 2**23 or d.min() < 0 or d.max() > 3:
+                return None
+            four = d.astype(np.uint8).reshape(-1, 4)
+            packs.append(four[:, 0] | four[:, 1] << 2 | four[:, 2] << 4 | four[:, 3] << 6)
+            hi, lo = _exp2_factors(sign)
+            his.append(hi)
+            los.append(lo)
+    return np.stack(his), np.stack(los), np.stack(packs)
 
 
 class _Tables:
@@ -196,28 +220,39 @@ def tables(path: str | None = None) -> _Tables:
 # ----------------------------------------------------------------------------- the ops
 def ex2(x, path: str | None = None) -> np.ndarray:
     """ex2.approx.ftz.f32 of float32 x (any shape), as the H200 computes it: compiled where
-    numba is installed (_approx_numba.py, the same bits), else ex2_numpy; a few inputs take
-    ex2_numpy until numba is loaded anyway (its import costs more than they do)."""
+    numba is installed (_approx_numba.py), else in numpy (ex2_numpy), the same bits; a few
+    inputs stay in numpy until numba is loaded anyway (its import costs more than they do)."""
     x = np.asarray(x, dtype=F32)
-    if not HAVE_NUMBA or (x.size < FEW and "numba" not in sys.modules):
+    compact = ex2_compact(path)
+    if compact is None or not HAVE_NUMBA or (x.size < FEW and "numba" not in sys.modules):
         return ex2_numpy(x, path)
     from ._approx_numba import ex2 as compiled
 
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(flat.shape, F32)
-    compiled(flat, ex2_table(path), out)
+    compiled(flat, *compact, out)
     return out.reshape(x.shape)
 
 
 def ex2_numpy(x, path: str | None = None) -> np.ndarray:
-    """ex2 in numpy: the fixed-point split and the lookups as whole-array passes."""
+    """ex2 in numpy: the fixed-point split and the lookups (ex2_compact's, or the whole
+    tables') as whole-array passes."""
     x = np.asarray(x, dtype=F32)
     a = np.abs(x).astype(np.float64)
     fin = a < 256.0
     X = np.floor(np.where(fin, a, 0.0) * 2.0**23).astype(np.int64)
     i, f = X >> 23, X & (2**23 - 1)
     neg = np.signbit(x)
-    v = ex2_table(path)[np.where(neg, f, f + 2**23)].astype(np.float64)
+    compact = ex2_compact(path)
+    if compact is None:
+        t = tables(path)
+        v = np.where(neg, t["ex2_neg"][f], t["ex2_pos"][f]).astype(np.float64)
+    else:
+        hi, lo, packed = compact
+        row = (~neg).astype(np.intp)
+        pred = bits((hi[row, f >> 12] * lo[row, f & 4095]).astype(F32))
+        diff = (packed[row, f >> 2] >> ((f & 3) * 2).astype(np.uint8)) & 3
+        v = from_bits(pred + diff.astype(np.int32) - 2).astype(np.float64)
     with np.errstate(over="ignore"):
         y = np.ldexp(v, np.where(neg, -i, i))
         y = np.where(y < 2.0**-126, 0.0, y)
@@ -273,5 +308,5 @@ def tanh(x, path: str | None = None) -> np.ndarray:
     return np.where(np.signbit(x), -y, y).astype(F32)
 
 
-__all__ = ["DATA", "ex2", "ex2_numpy", "ex2_table", "exp2_f64", "lg2", "pack", "predicted",
-           "rcp", "table", "tables", "tanh", "tanh_drop", "unpack"]
+__all__ = ["DATA", "differences", "ex2", "ex2_compact", "ex2_numpy", "exp2_f64", "lg2", "pack",
+           "predicted", "rcp", "table", "tables", "tanh", "tanh_drop", "unpack"]

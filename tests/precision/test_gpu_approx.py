@@ -61,25 +61,37 @@ def test_ex2_is_a_fixed_point_split_of_the_input():
     assert ga.ex2(f32(-5.25))[0] == ga.ex2(n)[0] / 32
 
 
-@pytest.mark.skipif(not ga.HAVE_NUMBA, reason="numba is not installed: ex2 is ex2_numpy")
-def test_compiled_ex2_gives_the_numpy_paths_bits():
-    """The compiled ex2 (_approx_numba.py) against ex2_numpy: every sign and exponent with 2049
-    mantissas each (the extremes included), the edges of the range and the special values,
-    in shapes and orders other than flat and contiguous."""
+def _whole_tables(monkeypatch, x):
+    """ex2 from the whole measured tables (gpu_approx.table), the form the H200 verified."""
+    with monkeypatch.context() as m:
+        m.setattr(ga, "ex2_compact", lambda path=None: None)
+        with np.errstate(invalid="ignore"):
+            return ga.ex2_numpy(x)
+
+
+def test_ex2_compact_tables_hold_every_measured_entry(monkeypatch):
+    """ex2 compiled (where numba is installed) and in numpy, both from the compact tables,
+    against the whole tables: every one of the 2^23 fractions of each sign (x = ±f·2^-23,
+    exact), every sign and exponent with 2049 mantissas each (the extremes included), the
+    range's edges and the special values, in shapes and orders other than flat and
+    contiguous."""
+    assert ga.ex2_compact() is not None and ga.ex2_compact()[2].nbytes == 2**22
+    frac = np.arange(2**23) * 2.0**-23
     rng = np.random.default_rng(7)
     mant = np.concatenate([[0, 1, 2**22, 2**23 - 1], rng.integers(0, 2**23, 2045)])
-    bits = (np.arange(512, dtype=np.uint32)[:, None] << 23) | mant.astype(np.uint32)
+    sweep = ((np.arange(512, dtype=np.uint32)[:, None] << 23) | mant.astype(np.uint32))
     edges = f32(0, -0.0, 255.99998, -255.99998, 256, -256, 126.5, -126.5, 127.99999,
                 -127.99999, 128, -149.5, np.inf, -np.inf, np.nan, -np.nan, 2**-23, -(2**-24))
-    x = np.concatenate([bits.reshape(-1).view(F32), edges])
-    with np.errstate(invalid="ignore"):
-        want = ga.ex2_numpy(x)
-    got = ga.ex2(x)
-    assert got.shape == x.shape and got.dtype == F32
-    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    for x in [*((s * frac[i:i + 2**21]).astype(F32) for s in (-1, 1)
+                for i in range(0, 2**23, 2**21)),
+              np.concatenate([sweep.reshape(-1).view(F32), edges])]:
+        want = _whole_tables(monkeypatch, x).view(np.int32)
+        assert np.array_equal(ga.ex2(x).view(np.int32), want)
+        with np.errstate(invalid="ignore"):
+            assert np.array_equal(ga.ex2_numpy(x).view(np.int32), want)
     square = x[:1024 * 1024].reshape(1024, 1024)
-    assert np.array_equal(ga.ex2(square.T).view(np.int32), want[:1024 * 1024].reshape(
-        1024, 1024).T.view(np.int32))
+    assert np.array_equal(ga.ex2(square.T).view(np.int32),
+                          want[:1024 * 1024].reshape(1024, 1024).T)
     assert ga.ex2(f32()).shape == (0,) and ga.ex2(F32(-1.5)).shape == ()
 
 
