@@ -4,16 +4,18 @@ Targets, in this order, until --deadline-s: PyTorch's SDPA flash backend (causal
 through causal_lower_right, GQA through enable_gqa, gradients); torch's flex_attention (eager,
 with every feature it takes: the masks, softcap, ALiBi, FlexAttention's score_mod and mask_mod,
 LSE, gradients); FlashAttention-4 (flash_attn.cute, from --site, where its wheels were
-unpacked) with causal, GQA, window, softcap, sink, varlen, LSE and gradients; the
-fused-attention kernel of triton-lang/triton's python/tutorials/06-fused-attention.py (loaded
-from --triton PATH, never committed here: its `attention(q, k, v, causal, sm_scale)` takes
-(B, H, N, d), fp16, one N for Q and K that is a multiple of 128, declared as its limits);
-SDPA's efficient, cudnn and math backends; and flex_attention torch.compile'd (bf16,
-score_mod and mask_mod cases). osm's float64 reference and baseline run with torch on the GPU
-(the battery's reference "auto"). Every battery's table is appended to OUT/battery.txt (with the
-command it stands for) and its JSON document to OUT/battery.json, as each ends, and a
-summary line printed; OUT/versions.txt says what ran. --only NAME ... runs those targets in
-the order given; several runs may share one OUT (battery.json keeps the batteries already in it).
+unpacked) with causal, GQA, window, softcap, sink, varlen, paged, LSE and gradients (head dims
+--fa4-head-dims); the fused-attention kernel of triton-lang/triton's
+python/tutorials/06-fused-attention.py (loaded from --triton PATH, never committed here: its
+`attention(q, k, v, causal, sm_scale)` takes (B, H, N, d), fp16, one N for Q and K that is a
+multiple of 128, declared as its limits); SDPA's efficient, cudnn and math backends; and
+flex_attention torch.compile'd (bf16, score_mod and mask_mod cases). osm's float64 reference
+and baseline run with torch on the GPU (the battery's reference "auto"). Every battery's table
+is appended to OUT/battery.txt (with the command it stands for) and its JSON document to
+OUT/battery.json, as each ends, and a summary line printed, with the cases done every ten;
+OUT/versions.txt says what ran. --only NAME ... runs those targets in the order given; several
+runs may share one OUT (battery.json keeps the batteries already in it). --seed, --cases and
+--features split a budget across runs.
 
     python benchmarks/battery_gpu.py --triton 06-fused-attention.py --site /tmp/site --out $OUT
 
@@ -82,7 +84,9 @@ def targets(args) -> list:
     out.append((f"sdpa_{backends[0]}", "sdpa", {**both, "backend": backends[0]}, args.budget))
     out.append(("flex", "flex", both, args.budget))
     if cuda and importlib.util.find_spec("flash_attn") is not None:
-        out.append(("flash_attn_cute", "flash_attn.cute", both, args.budget))
+        # FA4 on SM90 takes head dims 8 to 256, multiples of 8 (16 bytes of a 16-bit dtype)
+        out.append(("flash_attn_cute", "flash_attn.cute",
+                    {**both, "head_dims": args.fa4_head_dims}, args.budget))
     if args.triton:
         try:
             tutorial = triton_tutorial(args.triton, args.triton_configs)
@@ -112,6 +116,15 @@ def versions() -> str:
             lines.append(f"{mod} {getattr(m, '__version__', '?')}")
         except Exception as exc:  # noqa: BLE001 - a version line, whatever went wrong
             lines.append(f"{mod}: not importable ({type(exc).__name__})")
+    from importlib import metadata
+
+    for dist in ("flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base",
+                 "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu13", "quack-kernels",
+                 "apache-tvm-ffi", "torch-c-dlpack-ext", "cuda-bindings"):
+        try:
+            lines.append(f"{dist} {metadata.version(dist)} (distribution)")
+        except metadata.PackageNotFoundError:
+            pass
     try:
         import torch
 
@@ -135,6 +148,11 @@ def main() -> None:
                     help="keep that many of the tutorial's autotuner configs (default: all)")
     ap.add_argument("--site", action="append", help="a folder holding FA4's unpacked wheels")
     ap.add_argument("--cases", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--features", default=None,
+                    help="features to declare for every target run (default: each target's)")
+    ap.add_argument("--fa4-head-dims", default="64,128",
+                    help="head dims for flash_attn.cute (FA4 on SM90: 8 to 256, multiples of 8)")
     ap.add_argument("--deadline-s", type=float, default=360.0)
     ap.add_argument("--only", nargs="*", help="names of targets to run")
     args = ap.parse_args()
@@ -168,16 +186,28 @@ def main() -> None:
         if left < 20:
             print(f"{name}: not run (deadline)", flush=True)
             continue
+        if args.features:
+            opts = {**opts, "features": args.features}
         flags = {"dtypes": "--dtype", "head_dims": "--head-dims", "device": "--device",
                  "backend": "--backend", "features": "--features"}
         what = fn if isinstance(fn, str) else f"benchmarks/battery_gpu.py:{name} (adapter)"
         cmd = f"osm battery {what} " + " ".join(f"{flags[k]} {v}" for k, v in opts.items())
-        cmd += f" --budget {budget}"
+        cmd += f" --budget {budget}" + (f" --seed {args.seed}" if args.seed else "") + (
+            f" --cases {args.cases}" if args.cases is not None else "")
         if not isinstance(fn, str):
             cmd += "".join(f" --{k.replace('_', '-')} {v}"
                            for k, v in getattr(fn, "osm_constraints", {}).items())
+        print(f"{name}: {cmd}", flush=True)
+        t_run = time.perf_counter()
+
+        def progress(done, total, name=name, t_run=t_run):
+            if done % 10 == 0 or done == total:
+                print(f"  {name}: {done}/{total} cases, {time.perf_counter() - t_run:.0f} s",
+                      flush=True)
+
         try:
-            rep = run(fn, budget=budget, cases=args.cases, **opts)
+            rep = run(fn, budget=budget, cases=args.cases, seed=args.seed, progress=progress,
+                      **opts)
         except Exception as exc:  # an adapter that cannot start: say so, go on
             print(f"{name}: could not run: {type(exc).__name__}: {exc}", flush=True)
             continue

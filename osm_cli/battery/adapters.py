@@ -96,7 +96,7 @@ def builtin(name: str, backend: str | None = None) -> Callable:
     if name == "flash_attn":
         return _declare(_flash_attn, "causal,gqa,window,softcap,alibi,varlen,paged,lse,grad")
     if name == "flash_attn.cute":
-        return _declare(_flash_attn_cute, "causal,gqa,window,softcap,sink,varlen,lse,grad")
+        return _declare(_flash_attn_cute, "causal,gqa,window,softcap,sink,varlen,paged,lse,grad")
     kernel = name.split(":")[1]
     return _declare(_osm_model(kernel), "causal,gqa,window,softcap,alibi,varlen,paged,lse"
                     + (",sink" if kernel == "fa4" else ""), "numpy")
@@ -245,14 +245,20 @@ def _flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
 def _flash_attn_cute(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
                      softcap=0.0, learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None,
                      max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, page_table=None):
-    """FlashAttention-4 (flash_attn.cute): flash_attn_func or flash_attn_varlen_func; window
-    sides of −1 become None, its 'unbounded'; -> (out, lse)."""
+    """FlashAttention-4 (flash_attn.cute): flash_attn_func, or flash_attn_varlen_func for a
+    varlen batch or a paged cache (q (B, N, H, d) with page_table and seqused_k; its backward
+    takes no page_table, and the battery asks none of a paged case); window sides of −1 become
+    None, its 'unbounded'; return_lse=True, since FA4 computes no LSE for a call that needs no
+    backward otherwise; -> (out, lse)."""
     from flash_attn import cute
 
     win = tuple(None if w is None or w < 0 else int(w) for w in window_size)
     common = {"softmax_scale": softmax_scale, "causal": causal, "window_size": win,
-              "softcap": softcap, "learnable_sink": learnable_sink}
-    if cu_seqlens_q is not None:
+              "softcap": softcap, "learnable_sink": learnable_sink, "return_lse": True}
+    if page_table is not None:
+        got = cute.flash_attn_varlen_func(q, k, v, page_table=page_table, seqused_k=seqused_k,
+                                          **common)
+    elif cu_seqlens_q is not None:
         got = cute.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens_q,
                                           cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,

@@ -52,6 +52,7 @@ class CaseResult:
     osm_seconds: float = 0.0
     report: object = None  # osm check's CheckReport (replay renders it); None after an error
     reference: str = "numpy"  # where the reference and baseline were computed: numpy, torch
+    lost: bool = False  # the kernel's error left the GPU unusable: the battery stops here
 
     @property
     def passed(self) -> bool:
@@ -99,7 +100,7 @@ def judge(target: Target, case: Case, rule: str = "fa", repeat: int = 1,
     kernel_s = got.seconds
     if got.error:
         return CaseResult(case, ("refused" if got.refused else "kernel",), got.error, rule,
-                          kernel_seconds=kernel_s,
+                          kernel_seconds=kernel_s, lost=got.lost,
                           osm_seconds=time.perf_counter() - t0 - kernel_s)
     nondet = ()
     if repeat > 1:

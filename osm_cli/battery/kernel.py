@@ -68,6 +68,7 @@ class Call:
     grads: dict = field(default_factory=dict)  # dq, dk, dv
     error: str = ""
     refused: bool = False  # the error is the kernel saying it does not take this shape
+    lost: bool = False  # the kernel's error left the GPU unusable for the rest of the process
     seconds: float = 0.0
 
 
@@ -78,6 +79,27 @@ REFUSALS = re.compile(
     r"autotuner config|only supports?\b|does not support|must be (?:a )?(?:multiple|divisible"
     r"|at least|at most|equal|one of|<=|>=|less|greater|the same)|should be (?:a )?multiple|"
     r"(?:is|are) required to be|expected .* to be (?:a )?multiple", re.IGNORECASE)
+
+
+# CUDA's sticky errors: after one, every later call in the process fails (osm's own too)
+STICKY = ("illegal memory access", "illegal address", "unspecified launch failure",
+          "misaligned address", "device-side assert", "illegal instruction")
+
+
+def lost_device(exc: BaseException, target: Target) -> bool:
+    """Whether the kernel's exception left the GPU's context unusable: its message names one
+    of CUDA's sticky errors, or the device no longer synchronizes."""
+    if any(s in str(exc).lower() for s in STICKY):
+        return True
+    if target.device != "cuda" or target.arrays != "torch":
+        return False
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return True
+    return False
 
 
 def refusal(exc: BaseException) -> bool:
@@ -218,8 +240,11 @@ def call(target: Target, case: Case, data: dict) -> Call:
             torch.cuda.synchronize()
     except Exception as exc:  # the kernel's own failure is this case's, not the battery's
         res.error = f"the kernel raised {type(exc).__name__}: {_one_line(exc)}"
-        res.refused = refusal(exc)
+        res.lost = lost_device(exc, target)
+        res.refused = refusal(exc) and not res.lost
     res.seconds = time.perf_counter() - t0
+    if res.lost:  # nothing more can be read from the device, the inputs' hashes neither
+        return res
     wrote = [n for n, x in watched.items() if _digest(x) != before[n]]
     if wrote and not res.error:
         res.error = f"the kernel wrote its inputs: {', '.join(wrote)} changed during the call"

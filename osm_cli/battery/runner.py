@@ -59,6 +59,8 @@ class BatteryReport:
     kernel_seconds: float
     lse_base: str = "e"
     left_out: int = 0  # cases drawn that the kernel's declared limits left out
+    stopped: str = ""  # why the battery stopped early: the case whose error lost the GPU
+    not_run: int = 0  # cases not run after it stopped
 
     @property
     def passed(self) -> bool:
@@ -210,18 +212,24 @@ def run(fn: Callable | str, *, features=None, head_dims=None, dtypes="bf16",
     left_out = len([c for c in draw(decl, budget, cases, seed, fit=False)
                     if decl.allows(c)]) - len(todo)
     results = []
+    stopped = ""
     for i, case in enumerate(todo):
         results.append(judge(target, case, rule, repeat))
         if progress is not None:
             progress(i + 1, len(todo))
+        if results[-1].lost:  # a sticky CUDA error: no later call can run in this process
+            stopped = f"case {case.id} left the GPU unusable ({results[-1].message})"
+            break
         if max_failures is not None and sum(not r.passed for r in results) >= max_failures:
             break
-    failures = _failures(target, results, rule, budget if shrinking else None)
+    # shrinking reruns the kernel: not on a GPU that is gone
+    failures = _failures(target, results, rule, budget if shrinking and not stopped else None)
     spent = time.perf_counter() - t0
     kernel_s = sum(r.kernel_seconds for r in results) + sum(
         f.smallest.kernel_seconds for f in failures)
     return BatteryReport(target.name, target.declared, rule, budget, seed, tuple(results),
-                         tuple(failures), spent, kernel_s, lse_base, max(left_out, 0))
+                         tuple(failures), spent, kernel_s, lse_base, max(left_out, 0),
+                         stopped, len(todo) - len(results) if stopped else 0)
 
 
 def with_reference(target: Target, reference: str) -> Target:

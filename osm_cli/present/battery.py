@@ -114,6 +114,8 @@ def battery_report(rep, replay_cmd: str) -> Group:
                   + (f"; {_n(kinds, 'kind')} of failure" if kinds else "")
                   + (f"; {rep.left_out} left out by the declared limits" if rep.left_out
                      else "")),
+        *([("stopped", f"{rep.stopped}; {rep.not_run} cases not run, failures not shrunk")]
+          if rep.stopped else []),
         *_reference_line(rep),
         ("time", f"{rep.seconds:.1f} s: the kernel {rep.kernel_seconds:.1f} s, osm "
                  f"{rep.osm_seconds:.1f} s"),
@@ -185,16 +187,19 @@ def battery_doc(rep, replay_cmd: str) -> dict:
         "results": [result_doc(r) for r in rep.results],
         "seconds": rep.seconds, "kernel_seconds": rep.kernel_seconds,
         "osm_seconds": rep.osm_seconds,
+        **({"stopped": rep.stopped, "not_run": rep.not_run} if rep.stopped else {}),
     }
 
 
 def fail_line(rep, max_failures: int | None = None) -> str:
     """The FAIL line's text (after "FAIL: "): how many cases failed and were refused, and
-    whether the run stopped at `max_failures`."""
+    whether the run stopped at `max_failures` or because the GPU was lost."""
     stopped = max_failures is not None and rep.failed + rep.refused >= max_failures
     return (f"{rep.failed} of {len(rep.results)} cases failed"
             + (f", {rep.refused} refused by the kernel" if rep.refused else "")
-            + (" (stopped at `max_failures`)" if stopped else ""))
+            + (" (stopped at `max_failures`)" if stopped else "")
+            + (f" (stopped: the GPU was lost; {rep.not_run} cases not run)" if rep.stopped
+               else ""))
 
 
 def junit_xml(rep) -> str:
