@@ -39,6 +39,7 @@ from osm_cli.studies import costmodel
 
 from .console import as_text
 from .format import bytes_text
+from .plot import source_title
 from .rows import queries_text
 from .trace import final_line, form_line, sink_line, trace_heads
 
@@ -116,7 +117,7 @@ def trace_doc(rep, name: str) -> dict:
                                                                   width=100).splitlines()}]})
     return {
         "kind": "trace", "unit": "block",
-        "title": f"osm trace: {name}, block {rep.block}, form {rep.form}",
+        "title": f"osm trace: {source_title(name, rep)}, block {rep.block}, form {rep.form}",
         "intro": [*as_text(_heads(rep, name), width=100).splitlines(),
                   *(form_line(tr.form) for tr in rep.traces)],
         "vector": {"cells": cells, "shade": shade, "groups": groups,

@@ -50,6 +50,8 @@ def test_trace_page_is_the_records(tmp_path):
     --explain have them; the bytes of the row read so far."""
     doc = document(made(tmp_path, "trace", "--values", "1,2,5,3", "-b", "2"))
     t = osm_cli.online_softmax(np.array([1.0, 2.0, 5.0, 3.0]), block=2)
+    # titled with the scores given inline, as the plot is (not "--values")
+    assert doc["title"] == "osm trace: scores [1, 2, 5, 3] (inline), block 2, form rescale"
     assert [s["sections"][0]["lines"] for s in doc["steps"]] == [trace_lines(s) for s in t.steps]
     second = doc["steps"][1]
     assert second["title"] == "block 1, keys 2:4, scores [5, 3]" and second["lit"] == [2, 4]
