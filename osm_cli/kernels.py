@@ -65,7 +65,7 @@ def run_kernel(
     masked_lse : {{"neg-inf", "pos-inf", "zero"}}, optional
         A fully masked row's LSE; None: the kernel's own.
     trace_at : (int, int, int or sequence of int) or None
-        The traced (batch, head, query) row, or several queries of the head (`.traces`).
+        The traced (batch, head, query) row, or several queries of the head (`.trace.rows`).
     progress : callable, optional
         progress(done, total), called as Q tiles finish.
 
@@ -83,7 +83,7 @@ def run_kernel(
     >>> q, k, v = (rng.standard_normal((1, 2, 8, 64)).astype(ml_dtypes.bfloat16)
     ...            for _ in range(3))
     >>> r = run_kernel(q, k, v, kernel="fa2", causal=True)
-    >>> r.kernel, r.lse.shape, bool((r.out.astype(ml_dtypes.bfloat16) == r.out).all())
+    >>> r.options.kernel, r.lse.shape, bool((r.out.astype(ml_dtypes.bfloat16) == r.out).all())
     ('fa2', (1, 2, 8), True)
     """
     import numpy as np

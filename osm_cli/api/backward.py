@@ -48,7 +48,7 @@ def attention_backward(
     {kernel}
     trace_at : (int, int, int or sequence of int) or None
         (batch, query head, query): the traced query row; a sequence of queries traces each
-        (`.query_traces`, `.queries`); None: no traces.
+        (`.trace.rows`, `.trace.queries`); None: no traces.
     trace_key : int
         The key row traced in that query head's kv head.
     progress : callable, optional
@@ -58,7 +58,9 @@ def attention_backward(
     -------
     Backward
         `.dq`, `.dk`, `.dv` shaped like q, k, v; `.delta` (D, shaped like the LSE); `.dsink`
-        with learnable_sink; the traced rows' steps and the run's counters.
+        with learnable_sink; `.shapes`, `.options`, `.tiles`, `.counters` as attention's, and
+        `.trace`: the query rows' steps (`.trace.steps`, `.trace.rows`) and the traced key's
+        (`.trace.key_steps`).
 
     Examples
     --------

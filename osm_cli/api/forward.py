@@ -56,9 +56,10 @@ def attention(
     masked_lse : {{"neg-inf", "pos-inf", "zero"}}, optional
         The LSE of a row every key is hidden from; None: the kernel's own (−inf for tiles).
     trace_at : (int, int, int or sequence of int) or None
-        (batch, head, query): the row whose tiles are recorded in `.trace`; a sequence of
-        queries, (0, 1, range(4)), traces those rows side by side (`.traces`, `.queries`,
-        `.trace_outs`; `.trace` is the first's); None: none.
+        (batch, head, query): the row whose tiles are recorded in `.trace.steps`; a
+        sequence of queries, (0, 1, range(4)), traces those rows side by side
+        (`.trace.rows`, `.trace.queries`, `.trace.outs`; `.trace.steps` is the first's);
+        None: none.
     progress : callable, optional
         progress(done, total), called as Q tiles finish.
 
@@ -66,7 +67,9 @@ def attention(
     -------
     Attention
         `.out` shaped like Q (dv last), `.lse` (B, H, t) whatever the layout ((H, total_q) for
-        a varlen batch), the traced row's steps in `.trace` and the run's counters.
+        a varlen batch); beside them the run: `.shapes`, `.options` (softmax_scale, causal,
+        window, …), `.tiles` (block_q, block_k, computed, skipped, …), `.counters` (rescales,
+        masked_rows, row_visits) and `.trace` (`.trace.steps`: the traced row's tiles).
 
     Examples
     --------
@@ -77,6 +80,8 @@ def attention(
     ((1, 1, 4, 4), (1, 1, 4))
     >>> [round(float(x), 4) for x in r.out[0, 0, 1]]
     [0.2689, 0.7311, 0.0, 0.0]
+    >>> r.tiles.computed, r.tiles.skipped, r.options.softmax_scale
+    (2, 0, 1.0)
     """
     from osm_cli.precision.model import prepare
     from osm_cli.reports.attention import attention_report

@@ -195,7 +195,7 @@ def show_attention(rep, q, k, opts, shown) -> None:
         from osm_cli.present.explain import attention_explained
 
         tables.append(attention_explained(res, shown.show_all))
-    if present(shown.step, heads, [(frame, len(res.trace), "tile")], tables, after=heads):
+    if present(shown.step, heads, [(frame, len(res.trace.steps), "tile")], tables, after=heads):
         out.print(render.attention_results(rep, shown.show_all, out.width))
 
 
@@ -206,14 +206,15 @@ def attention_files(csv, plot, res, q, k, opts, files) -> list[tuple]:
     from osm_cli.present import plot as plots
     from osm_cli.studies import tilemap
 
-    b, h, i = res.traced
+    b, h, i = res.trace.at
     items = []
     if csv is not None:
         items.append((csv, export.tiles_csv(res), "tile table of the traced row"
-                      + ("s" if len(res.queries) > 1 else "") + ", CSV"))
+                      + ("s" if len(res.trace.queries) > 1 else "") + ", CSV"))
     if plot is not None:
         hm = tilemap.head_probabilities(q, k, batch=b, head=h, rows=PLOT_LIMIT, cols=PLOT_LIMIT,
-                                        block_q=res.block_q, block_k=res.block_k, opts=opts)
+                                        block_q=res.tiles.block_q, block_k=res.tiles.block_k,
+                                        opts=opts)
         png = plots.traced_head_png(hm, files[0] if len(files) == 1 else
                                     ", ".join(Path(f).name for f in files), i)
         items.append((plot, png, f"probability matrix of batch {b}, head {h} with its tiles, PNG"))

@@ -146,6 +146,6 @@ def show_backward(rep, q, k, opts, shown) -> None:
         tables.append(backward_query_explained(res, shown.show_all))
     # step mode keeps the summary (its errors give the end away) for after the last tile
     frame = functools.partial(render.backward_step_frame, [], rep, width=out.width)
-    pages = [(frame, len(res.key_trace) + len(res.query_trace), "step")]
+    pages = [(frame, len(res.trace.key_steps) + len(res.trace.steps), "step")]
     if present(shown.step, heads, pages, tables, after=heads):
         out.print(render.backward_results(rep, shown.show_all, out.width))

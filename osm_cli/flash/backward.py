@@ -29,14 +29,12 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from osm_cli.core.backward import backward_step, delta, lse_for_p
-from osm_cli.core.notebook import Notebook
 from osm_cli.core.record import GradStep
 from osm_cli.errors import InputError, ShapeError
 
-from .forward import attention
+from .forward import attention, run_options, shapes_of, summed
 from .gradtrace import key_detail, key_rows, query_detail
-from .masks import mask_about, scale_q, score_tile
-from .mods import about_mods
+from .masks import scale_q, score_tile
 from .options import Hooks, ScoreOptions, Tiling, split_options
 from .packed import (
     about,
@@ -48,6 +46,7 @@ from .packed import (
     scatter_rows,
 )
 from .plan import Plan, _norm, make_plan, walk
+from .records import Backward, BackwardTrace, Counters, Tiles
 from .shapes import (
     check_finite,
     from_bhnd,
@@ -57,54 +56,6 @@ from .shapes import (
     lse_from_bhnd,
     traced_rows,
 )
-
-
-@dataclass(frozen=True)
-class Backward(Notebook):
-    """What `attention_backward` returns: the gradients, D, and what the summary shows (in
-    Jupyter, as the summary and the two traces' tables: notebook.py)."""
-
-    dq: np.ndarray  # shaped like q
-    dk: np.ndarray  # shaped like k (GQA: summed over the query heads that read each kv head)
-    dv: np.ndarray  # shaped like v
-    delta: np.ndarray  # D = rowsum(dO ∘ O), shaped like the LSE
-    out: np.ndarray  # the forward's O the backward used (osm's own, or the kernel's given)
-    lse: np.ndarray  # and its LSE
-    own_forward: bool  # out and lse came from osm's own forward (not given)
-    scale: float
-    shape_q: tuple
-    shape_k: tuple
-    shape_v: tuple
-    block_q: int
-    block_k: int
-    causal: bool
-    align: str
-    window: tuple | None
-    mask: str
-    tiles_computed: int
-    tiles_skipped: int
-    tiles_total: int
-    masked_rows: int  # query rows whose LSE is ±inf: every key hidden, P = 0
-    key_trace: tuple[GradStep, ...] = ()  # key row traced_key of the traced kv head
-    query_trace: tuple[GradStep, ...] = ()  # the first traced query row's (query_traces[0])
-    traced: tuple = (0, 0, 0)  # (batch, query head, query)
-    traced_key: int = 0
-    kv_head: int = 0  # the kv head the traced query head reads (its key row is traced)
-    group: int = 1  # query heads per kv head (GQA's g)
-    dsink: np.ndarray | None = None  # with sinks: dL/dsink per query head, (H,)
-    batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
-    softcap: float | None = None
-    alibi: bool = False
-    sinks: bool = False
-    tiles_partial: int = 0  # of tiles_computed: those a mask was applied on
-    mods: str = ""  # the score_mod (and how it is differentiated) and mask_mod (mods.about_mods)
-    queries: tuple[int, ...] = ()  # every traced query row of the traced head, as asked
-    query_traces: tuple[tuple[GradStep, ...], ...] = ()  # each traced query row's, as queries
-
-    def _tables(self):
-        from .notebook import backward_tables
-
-        return backward_tables(self)
 
 
 @dataclass(frozen=True)
@@ -347,26 +298,24 @@ def _assemble(plan: Plan, q, k, v, out, lse, own: bool, opts: ScoreOptions, hook
             p_sink = np.exp(plan.sinks[..., None] - saved.lse)  # (G, g, t); +inf LSE gives 0
         dsink = -(p_sink * saved.d).sum(axis=-1).reshape(b, hq).sum(axis=0)
     return Backward(
-        from_bhnd(dq, nq, lay), from_bhnd(dk, nk, lay), from_bhnd(dv, nv, lay), d_out,
-        np.asarray(out), np.asarray(lse), own, float(scale), tuple(np.shape(q)),
-        tuple(np.shape(k)), tuple(np.shape(v)), plan.bq, plan.bk, opts.causal,
-        opts.causal_align, opts.window, mask_about(None if opts.mask is None else
-                                                   np.asarray(opts.mask)),
-        len(kinds) - skipped, skipped, len(kinds), int(np.count_nonzero(~np.isfinite(lse4))),
-        tuple(grads.key_trace), traced=plan.traced, traced_key=key,
-        kv_head=int(kv_head(max(th, 0), hq, hk)), group=g, dsink=dsink, softcap=opts.softcap,
-        alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
-        tiles_partial=kinds.count("partial"), mods=about_mods(opts),
-        **query_fields(plan.queries, grads.query_trace),
+        dq=from_bhnd(dq, nq, lay), dk=from_bhnd(dk, nk, lay), dv=from_bhnd(dv, nv, lay),
+        delta=d_out, out=np.asarray(out), lse=np.asarray(lse), own_forward=own, dsink=dsink,
+        shapes=shapes_of(q, k, v), options=run_options(opts, q, softmax_scale=float(scale)),
+        tiles=Tiles(block_q=plan.bq, block_k=plan.bk, computed=len(kinds) - skipped,
+                    skipped=skipped, partial=kinds.count("partial"), total=len(kinds)),
+        counters=Counters(masked_rows=int(np.count_nonzero(~np.isfinite(lse4)))),
+        trace=backward_trace(plan.traced, plan.queries, grads.query_trace, key=key,
+                             kv_head=int(kv_head(max(th, 0), hq, hk)), group=g,
+                             key_steps=tuple(grads.key_trace)),
     )
 
 
-def query_fields(queries: tuple, steps) -> dict:
-    """A Backward record's fields of its traced query rows: each row's steps (query_traces,
-    in the order of `queries`, picked out by GradStep.query) and the first row's."""
-    traces = tuple(tuple(s for s in steps if s.query == qi) for qi in queries)
-    return {"query_trace": traces[0] if traces else (), "query_traces": traces,
-            "queries": tuple(queries)}
+def backward_trace(at: tuple, queries: tuple, steps, **key) -> BackwardTrace:
+    """A Backward record's trace: each traced query row's steps (in the order of `queries`,
+    picked out of `steps` by GradStep.query); key: the traced key's fields (key, kv_head,
+    group, key_steps)."""
+    rows = tuple(tuple(s for s in steps if s.query == qi) for qi in queries)
+    return BackwardTrace(at=tuple(at), queries=tuple(queries), rows=rows, **key)
 
 
 def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Hooks,
@@ -396,23 +345,26 @@ def _packed(q, k, v, do, out, lse, opts: ScoreOptions, tiling: Tiling, hooks: Ho
     dq = scatter_rows(packed, [p.dq for p in parts], dt, np.shape(q)[-1])
     dk, dv = (scatter_kv(packed, [getattr(p, n) for p in parts], x).astype(dt)
               for n, x in (("dk", k), ("dv", v)))
-    totals = {n: sum(getattr(p, n) for p in parts) for n in (
-        "tiles_computed", "tiles_skipped", "tiles_total", "masked_rows")}
     dsink = None if opts.sinks is None else sum(p.dsink for p in parts)
     ref = traced or (parts[0] if parts else None)
+    tiles = ref.tiles if ref else Tiles(block_q=0, block_k=0)
+    tr = None if traced is None else traced.trace
     return Backward(
-        dq, dk, dv, scatter_lse(packed, [p.delta for p in parts], dt), np.asarray(out),
-        np.asarray(lse), own, float(opts.scale_for(np.shape(q)[-1])), tuple(np.shape(q)),
-        tuple(np.shape(k)), tuple(np.shape(v)), ref.block_q if ref else 0,
-        ref.block_k if ref else 0, opts.causal, "bottom-right", opts.window, "none",
-        totals["tiles_computed"], totals["tiles_skipped"], totals["tiles_total"],
-        totals["masked_rows"], () if traced is None else traced.key_trace,
-        traced=(0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
-        traced_key=trace_key, kv_head=ref.kv_head if ref else 0, group=ref.group if ref else 1,
-        dsink=dsink, batch=about(packed),
-        softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
-        **query_fields(() if traced is None else traced.queries,
-                       () if traced is None else [s for tr in traced.query_traces for s in tr]))
+        dq=dq, dk=dk, dv=dv, delta=scatter_lse(packed, [p.delta for p in parts], dt),
+        out=np.asarray(out), lse=np.asarray(lse), own_forward=own, dsink=dsink,
+        shapes=shapes_of(q, k, v),
+        options=run_options(opts, q, causal_align="bottom-right", mask="none", mods="",
+                            batch=about(packed)),
+        tiles=Tiles(block_q=tiles.block_q, block_k=tiles.block_k,
+                    **summed([p.tiles for p in parts], "computed", "skipped", "total")),
+        counters=Counters(**summed([p.counters for p in parts], "masked_rows")),
+        trace=backward_trace(
+            (0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
+            () if tr is None else tr.queries,
+            () if tr is None else [s for row in tr.rows for s in row], key=trace_key,
+            kv_head=ref.trace.kv_head if ref else 0, group=ref.trace.group if ref else 1,
+            key_steps=() if tr is None else tr.key_steps),
+    )
 
 
-__all__ = ["Backward", "attention_backward"]
+__all__ = ["Backward", "attention_backward", "backward_trace"]

@@ -20,13 +20,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from osm_cli.core.fold import fold
-from osm_cli.core.notebook import Notebook
 from osm_cli.core.record import Step
 from osm_cli.core.state import (
     State,
@@ -62,53 +61,8 @@ from .plan import (
     sink_step,
     tiles,
 )
+from .records import Attention, AttentionTrace, Counters, RunOptions, Shapes, Tiles
 from .shapes import from_bhnd, lse_from_bhnd, traced_rows
-
-
-@dataclass(frozen=True)
-class Attention(Notebook):
-    """What `attention` returns: out and lse, and what the summary shows (in Jupyter, as the
-    summary and the traced row's tile table: notebook.py)."""
-
-    out: np.ndarray
-    lse: np.ndarray
-    scale: float
-    shape_q: tuple
-    shape_k: tuple
-    shape_v: tuple
-    block_q: int
-    block_k: int
-    causal: bool
-    align: str
-    window: tuple | None
-    masked_lse: str
-    tiles_computed: int
-    tiles_skipped: int
-    rescales: int
-    masked_rows: int
-    trace: tuple[Step, ...] = ()  # the first traced row's steps (traces[0])
-    traced: tuple = (0, 0, 0)  # (batch, head, query): the first traced row
-    trace_out: np.ndarray | None = None  # its output O / l
-    tiles_total: int = 0
-    mask: str = "none"  # the user's mask in a few words (masks.mask_about)
-    row_visits: int = 0  # (query row, K/V tile) pairs computed, per head (FA1 Prop. 4's count)
-    one_shot: bool = False  # plain attention (precision naive): no tiles
-    batch: str = ""  # a packed or paged batch in a few words (packed.about); "" for dense
-    softcap: float | None = None
-    alibi: bool = False
-    sinks: bool = False
-    kernel: str = ""  # the kernel preset whose loop ran (precision/presets.py); "" osm's own
-    splits: int = 1  # key ranges run apart and merged (FA2's split-KV kernel)
-    tiles_partial: int = 0  # of tiles_computed: those a mask was applied on (mask_mod's count)
-    mods: str = ""  # the score_mod and mask_mod in a few words (mods.about); "" for none
-    queries: tuple[int, ...] = ()  # every traced query row of the traced head, as asked
-    traces: tuple[tuple[Step, ...], ...] = ()  # each traced row's steps, as queries
-    trace_outs: np.ndarray | None = None  # their outputs O / l, (rows, dv)
-
-    def _tables(self):
-        from .notebook import attention_tables
-
-        return attention_tables(self)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, opts: ScoreOptions | None = None,
@@ -241,36 +195,41 @@ def _assemble(plan: Plan, q, k, v, opts: ScoreOptions, masked_lse: str, out5, ls
     tb, th, _ = plan.traced
     outs = None if tb < 0 else out5[tb, th // g, th % g, list(plan.queries)].copy()
     return Attention(
-        out=out, lse=lse, **run_fields(q, k, v, opts, masked_lse, scale=float(plan.scale)),
-        block_q=plan.bq, block_k=plan.bk, tiles_computed=counts.computed,
-        tiles_skipped=counts.skipped, tiles_total=tiles_total, rescales=counts.rescales,
-        masked_rows=int(np.count_nonzero(empty)), row_visits=counts.row_visits,
-        traced=plan.traced, tiles_partial=counts.partial,
-        **traced_fields(plan.queries, trace, outs),
+        out=out, lse=lse, shapes=shapes_of(q, k, v),
+        options=run_options(opts, q, masked_lse, softmax_scale=float(plan.scale)),
+        tiles=Tiles(block_q=plan.bq, block_k=plan.bk, computed=counts.computed,
+                    skipped=counts.skipped, partial=counts.partial, total=tiles_total),
+        counters=Counters(rescales=counts.rescales, masked_rows=int(np.count_nonzero(empty)),
+                          row_visits=counts.row_visits),
+        trace=attention_trace(plan.traced, plan.queries, trace, outs),
     )
 
 
-def traced_fields(queries: tuple, steps, outs) -> dict:
-    """An Attention record's fields of its traced rows: each row's steps (`traces`, in the
-    order of `queries`, picked out of `steps` by Step.query), the first row's as `trace`, and
-    their outputs (outs: (rows, dv), or None)."""
-    traces = tuple(tuple(s for s in steps if s.query == qi) for qi in queries)
-    return {"trace": traces[0] if traces else (), "traces": traces, "queries": tuple(queries),
-            "trace_out": None if outs is None else outs[0], "trace_outs": outs}
+def attention_trace(at: tuple, queries: tuple, steps, outs) -> AttentionTrace:
+    """An Attention record's trace: each traced row's steps (in the order of `queries`, picked
+    out of `steps` by Step.query) and their outputs (outs: (rows, dv), or None)."""
+    rows = tuple(tuple(s for s in steps if s.query == qi) for qi in queries)
+    return AttentionTrace(at=tuple(at), queries=tuple(queries), rows=rows, outs=outs)
 
 
-def run_fields(q, k, v, opts: ScoreOptions, masked_lse: str, scale: float | None = None) -> dict:
-    """The fields of an Attention record that say what was asked (the shapes, the scale, the
-    masks, the kernel inputs), by name: one place for every loop that builds one."""
-    return dict(
-        scale=float(opts.scale_for(np.shape(q)[-1]) if scale is None else scale),
-        shape_q=tuple(np.shape(q)), shape_k=tuple(np.shape(k)), shape_v=tuple(np.shape(v)),
-        causal=bool(opts.causal), align=opts.causal_align, window=opts.window,
+def shapes_of(q, k, v) -> Shapes:
+    """The shapes of Q, K and V as given."""
+    return Shapes(q=tuple(np.shape(q)), k=tuple(np.shape(k)), v=tuple(np.shape(v)))
+
+
+def run_options(opts: ScoreOptions, q, masked_lse: str = "neg-inf", **changes) -> RunOptions:
+    """What a run was asked (the scale, the masks, the kernels' inputs) as its record: one
+    place for every loop, forward or backward, that builds one; changes override fields
+    (softmax_scale: the options' scale for Q's head dim unless given)."""
+    fields = dict(
+        softmax_scale=float(opts.scale_for(np.shape(q)[-1])),
+        causal=bool(opts.causal), causal_align=opts.causal_align, window=opts.window,
         masked_lse=masked_lse, mask=mask_about(None if opts.mask is None else
                                                np.asarray(opts.mask)),
         softcap=opts.softcap, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
         mods=about_mods(opts),
     )
+    return RunOptions(**{**fields, **changes})
 
 
 def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_lse: str,
@@ -302,17 +261,26 @@ def _packed(q, k, v, opts: ScoreOptions, tiling: Tiling, hooks: Hooks, masked_ls
     traced = None if trace_at is None else parts[trace_at[0]]
     paged = () if traced is None else tuple(
         replace(st, pages=tile_pages(packed.seqs[trace_at[0]], st.start, st.stop))
-        for tr in traced.traces for st in tr)
-    total = {name: sum(getattr(p, name) for p in parts) for name in (
-        "tiles_computed", "tiles_skipped", "rescales", "masked_rows", "tiles_total",
-        "row_visits", "tiles_partial")}
+        for tr in traced.trace.rows for st in tr)
+    first_tiles = first.tiles if first else Tiles(block_q=0, block_k=0)
     return Attention(
-        out=out, lse=lse, **{**run_fields(q, k, v, opts, masked_lse), "align": "bottom-right"},
-        block_q=first.block_q if first else 0, block_k=first.block_k if first else 0,
-        **total, traced=(0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
-        **traced_fields(() if traced is None else traced.queries, paged,
-                        None if traced is None else traced.trace_outs), batch=about(packed),
+        out=out, lse=lse, shapes=shapes_of(q, k, v),
+        options=run_options(opts, q, masked_lse, causal_align="bottom-right",
+                            batch=about(packed)),
+        tiles=Tiles(block_q=first_tiles.block_q, block_k=first_tiles.block_k,
+                    **summed([p.tiles for p in parts], "computed", "skipped", "partial",
+                             "total")),
+        counters=Counters(**summed([p.counters for p in parts], "rescales", "masked_rows",
+                                   "row_visits")),
+        trace=attention_trace((0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
+                              () if traced is None else traced.trace.queries, paged,
+                              None if traced is None else traced.trace.outs),
     )
+
+
+def summed(records, *names: str) -> dict:
+    """The fields `names` of `records` (Tiles, Counters of several runs) summed, by name."""
+    return {name: sum(getattr(r, name) for r in records) for name in names}
 
 
 def masked_as(lse: np.ndarray, masked_lse: str) -> np.ndarray:
@@ -325,5 +293,6 @@ run_q_tiles = _run_q_tiles
 assemble = _assemble
 packed_attention = _packed
 
-__all__ = ["Attention", "Hooks", "ScoreOptions", "Tiling", "assemble", "attention", "masked_as",
-           "packed_attention", "run_fields", "run_q_tiles", "traced_fields"]
+__all__ = ["Attention", "Hooks", "ScoreOptions", "Tiling", "assemble", "attention",
+           "attention_trace", "masked_as", "packed_attention", "run_options", "run_q_tiles",
+           "shapes_of", "summed"]

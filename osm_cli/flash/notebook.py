@@ -20,62 +20,66 @@ from osm_cli.core.notebook import Table, arrow, elided, num
 def convention_rows(res) -> list:
     """The summary's first lines, the forward's and the backward's alike (an Attention or
     Backward record): shapes, scale, causal, window, mask and the kernels' inputs."""
-    window = "none" if res.window is None else f"left {res.window[0]}, right {res.window[1]}"
+    o, sh = res.options, res.shapes
+    window = "none" if o.window is None else f"left {o.window[0]}, right {o.window[1]}"
     return [
-        ("shapes", f"Q {res.shape_q}  K {res.shape_k}  V {res.shape_v}"),
-        ("softmax scale", f"{res.scale:.8g}"),  # not α, the scale factor: one word, one number
-        ("causal", f"yes ({res.align})" if res.causal else "no"),
+        ("shapes", f"Q {sh.q}  K {sh.k}  V {sh.v}"),
+        ("softmax scale", f"{o.softmax_scale:.8g}"),  # not α, the scale factor: a word, a number
+        ("causal", f"yes ({o.causal_align})" if o.causal else "no"),
         ("window", window),
-        ("mask", res.mask),
-        *kernel_inputs_rows(res),
+        ("mask", o.mask),
+        *kernel_inputs_rows(o),
     ]
 
 
-def kernel_inputs_rows(res) -> list:
+def kernel_inputs_rows(o) -> list:
     """The summary's lines for the kernels' inputs a run took (softcap, ALiBi, sinks, a varlen
-    or paged batch); none for a plain run. res: an Attention or Backward record."""
+    or paged batch); none for a plain run. o: an Attention or Backward record's options."""
     rows = []
-    if getattr(res, "batch", ""):
-        rows.append(("batch", res.batch))
-    if getattr(res, "softcap", None) is not None:
-        rows.append(("softcap", f"{res.softcap:g}: s → {res.softcap:g}·tanh(s/{res.softcap:g})"))
-    if getattr(res, "alibi", False):
+    if o.batch:
+        rows.append(("batch", o.batch))
+    if o.softcap is not None:
+        rows.append(("softcap", f"{o.softcap:g}: s → {o.softcap:g}·tanh(s/{o.softcap:g})"))
+    if o.alibi:
         rows.append(("ALiBi", "−slope·|i + s − t − j| added to the scores"))
-    if getattr(res, "sinks", False):
+    if o.sinks:
         rows.append(("sinks", "per-head logits in the denominator (trace: last row)"))
-    if getattr(res, "mods", ""):
-        rows.append(("mods", res.mods))
+    if o.mods:
+        rows.append(("mods", o.mods))
     return rows
 
 
 def partial_text(res) -> str:
     """" (N partial, masked)" after the computed tiles under a mask_mod: the block mask's
     partial tiles, the only ones the mask is applied on; "" otherwise."""
-    if "mask_mod" not in getattr(res, "mods", ""):
+    if "mask_mod" not in res.options.mods:
         return ""
-    return f" ({res.tiles_partial} partial, masked; {res.tiles_computed - res.tiles_partial} full)"
+    t = res.tiles
+    return f" ({t.partial} partial, masked; {t.computed - t.partial} full)"
 
 
 def tiles_text(res) -> str:
     """"block_q 4, block_k 2: 6 computed, 2 skipped of 8"."""
-    return (f"block_q {res.block_q}, block_k {res.block_k}: {res.tiles_computed} computed"
-            f"{partial_text(res)}, {res.tiles_skipped} skipped of {res.tiles_total}")
+    t = res.tiles
+    return (f"block_q {t.block_q}, block_k {t.block_k}: {t.computed} computed"
+            f"{partial_text(res)}, {t.skipped} skipped of {t.total}")
 
 
 def attention_tables(res) -> list[Table]:
     """An Attention: its summary, then the traced row's K/V tiles (m, α, l, O)."""
     rows = convention_rows(res)
-    if res.one_shot:
+    if res.options.one_shot:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
         rows += [("tiles", tiles_text(res)),
-                 ("rescales", f"{res.rescales} times a tile raised a row's m (l and O then × α "
-                  "< 1)")]
-    rows.append(("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"))
+                 ("rescales", f"{res.counters.rescales} times a tile raised a row's m (l and O "
+                  "then × α < 1)")]
+    rows.append(("fully masked rows", f"{res.counters.masked_rows} (output 0, LSE "
+                                      f"{res.options.masked_lse})"))
     tables = [Table("attention", (), tuple(rows))]
-    if res.trace:
-        b, h, i = res.traced
-        d = res.shape_v[-1]
+    if res.trace.steps:
+        b, h, i = res.trace.at
+        d = res.shapes.v[-1]
         o_head = f"O[:{min(3, d)}] of {d}"
 
         def state(s) -> tuple:
@@ -88,21 +92,21 @@ def attention_tables(res) -> list[Table]:
             return ("sink" if s.sink else str(s.block), "" if s.sink else f"{s.start}:{s.stop}")
 
         head = ("tile max", "m", "α", "l", o_head, "‖O‖")
-        if len(res.traces) > 1:  # a line per row under each tile: the vectors of a Q tile
-            shown, note = elided(range(min(map(len, res.traces))), "tiles")
+        if len(res.trace.rows) > 1:  # a line per row under each tile: the vectors of a Q tile
+            shown, note = elided(range(min(map(len, res.trace.rows))), "tiles")
             cells = []
             for k in shown:
                 if k is None:
                     cells.append(("⋮",) * 9)
                     continue
-                for n, (qi, tr) in enumerate(zip(res.queries, res.traces, strict=True)):
+                for n, (qi, tr) in enumerate(zip(res.trace.queries, res.trace.rows, strict=True)):
                     cells.append((*(where(tr[k]) if n == 0 else ("", "")), str(qi),
                                   *state(tr[k])))
-            tables.append(Table(f"trace of batch {b}, head {h}, {_queries(res.queries)}: start "
-                                "m = -inf, l = 0, O = 0 (a line per row under each tile)",
+            tables.append(Table(f"trace of batch {b}, head {h}, {_queries(res.trace.queries)}: "
+                                "start m = -inf, l = 0, O = 0 (a line per row under each tile)",
                                 ("tile", "keys", "query", *head), tuple(cells), note))
             return tables
-        shown, note = elided(res.trace, "tiles")
+        shown, note = elided(res.trace.steps, "tiles")
         cells = [("⋮",) * 8 if s is None else (*where(s), *state(s)) for s in shown]
         tables.append(Table(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, "
                             "O = 0", ("tile", "keys", *head), tuple(cells), note))
@@ -127,8 +131,8 @@ def backward_tables(res) -> list[Table]:
             ("D = rowsum(dO∘O)", f"{num(finite.min(), 6)} to {num(finite.max(), 6)}"
              if finite.size else "none"),
             ("tiles", tiles_text(res)),
-            ("fully masked rows", f"{res.masked_rows} (LSE ±inf: P = 0, no gradient)")]
-    b, h, i = res.traced
+            ("fully masked rows", f"{res.counters.masked_rows} (LSE ±inf: P = 0, no gradient)")]
+    b, h, i = res.trace.at
 
     def trace(steps, key: bool):
         shown, note = elided(steps, "tiles")
@@ -143,29 +147,29 @@ def backward_tables(res) -> list[Table]:
                          (*left, num(s.dq_norm, 8)))
         return tuple(cells), note
 
-    key_rows, key_note = trace(res.key_trace, True)
+    key_rows, key_note = trace(res.trace.key_steps, True)
     tables = [Table("attention backward", (), tuple(rows)),
-              Table(f"key {res.traced_key} of batch {b}, kv head {res.kv_head}: dK_j, dV_j over "
-                    "the Q tiles, start 0", ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖",
+              Table(f"key {res.trace.key} of batch {b}, kv head {res.trace.kv_head}: dK_j, dV_j "
+                    "over the Q tiles, start 0", ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖",
                                              "‖dV_j‖"), key_rows, key_note)]
-    if len(res.query_traces) > 1:  # a line per traced row under each K/V tile
-        shown, note = elided(range(min(map(len, res.query_traces))), "tiles")
+    if len(res.trace.rows) > 1:  # a line per traced row under each K/V tile
+        shown, note = elided(range(min(map(len, res.trace.rows))), "tiles")
         cells = []
         for k in shown:
             if k is None:
                 cells.append(("⋮",) * 6)
                 continue
-            for n, (qi, tr) in enumerate(zip(res.queries, res.query_traces, strict=True)):
+            for n, (qi, tr) in enumerate(zip(res.trace.queries, res.trace.rows, strict=True)):
                 s = tr[k]
                 cells.append((*((str(s.block), f"{s.start}:{s.stop}") if n == 0 else ("", "")),
                               str(qi), *(("skipped", "") if s.masked else (
                                   num(s.p_max, 8), num(s.ds_sum, 8))), num(s.dq_norm, 8)))
-        tables.append(Table(f"{_queries(res.queries)} of batch {b}, head {h}: dQ_i over the K/V "
-                            "tiles, start 0 (a line per row under each tile)",
+        tables.append(Table(f"{_queries(res.trace.queries)} of batch {b}, head {h}: dQ_i over "
+                            "the K/V tiles, start 0 (a line per row under each tile)",
                             ("K/V tile", "keys", "query", "P max", "Σ dS", "‖dQ_i‖"),
                             tuple(cells), note))
         return tables
-    query_rows, query_note = trace(res.query_trace, False)
+    query_rows, query_note = trace(res.trace.steps, False)
     tables.append(Table(f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0",
                         ("K/V tile", "keys", "P max", "Σ dS", "‖dQ_i‖"), query_rows, query_note))
     return tables

@@ -345,7 +345,7 @@ def errors(res: Attention, ref_out: np.ndarray, ref_lse: np.ndarray) -> dict:
     """
     diff = np.abs(res.out.astype(np.float64) - ref_out)
     scale = float(np.abs(ref_out).max()) if ref_out.size else 0.0
-    ref_lse = np.where(np.isneginf(ref_lse), MASKED_LSE[res.masked_lse], ref_lse)
+    ref_lse = np.where(np.isneginf(ref_lse), MASKED_LSE[res.options.masked_lse], ref_lse)
     return {
         "max_abs_err": float(diff.max()) if diff.size else 0.0,
         "max_rel_err": float(diff.max()) / scale if scale else 0.0,

@@ -77,9 +77,9 @@ def split_kv(q, k, v, splits: int, unsplit: Attention, **kwargs) -> SplitRun:
     edges = split_edges(s, splits)
     parts = split_runs(q, k, v, zip(edges[:-1], edges[1:], strict=True), **kwargs)
     merged = merge_detail([p.out for p in parts], [p.lse for p in parts])
-    lse = masked_as(merged.lse, unsplit.masked_lse)
+    lse = masked_as(merged.lse, unsplit.options.masked_lse)
     out = merged.out.astype(unsplit.out.dtype)
-    traced = unsplit.traced
+    traced = unsplit.trace.at
     rows = []
     for n, (p, a, b) in enumerate(zip(parts, edges[:-1], edges[1:], strict=True)):
         w = as_bhnd(merged.weights[n][..., None], "bhnd", "weights")[..., 0]  # LSE-shaped

@@ -139,8 +139,7 @@ def _finish(m: Model, res: Attention) -> Attention:
     def cast(x):
         return None if x is None else x.astype(out_dt).astype(F32)
 
-    return replace(res, out=cast(res.out), trace_out=cast(res.trace_out),
-                   trace_outs=cast(res.trace_outs))
+    return replace(res, out=cast(res.out), trace=replace(res.trace, outs=cast(res.trace.outs)))
 
 
 def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, kernel: Preset,
@@ -163,7 +162,7 @@ def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, 
     trace, counts = run_q_tiles(plan, q_groups(plan, ragged=True), run, progress)
     res = assemble(plan, q, k, v, opts, masked_lse, out5, lse5, trace, counts,
                    len(plan.q_starts) * len(plan.starts))
-    return replace(res, kernel=kernel.name)
+    return replace(res, options=replace(res.options, kernel=kernel.name))
 
 
 def _arith(kernel: Preset, m: Model, plan: Plan, opts: ScoreOptions, descale, tau: float,

@@ -26,11 +26,13 @@ from osm_cli.flash.forward import (
     Hooks,
     ScoreOptions,
     attention,
+    attention_trace,
     masked_as,
-    run_fields,
-    traced_fields,
+    run_options,
+    shapes_of,
 )
 from osm_cli.flash.options import split_options
+from osm_cli.flash.records import Counters, Tiles
 from osm_cli.flash.reference import reference
 from osm_cli.flash.shapes import as_bhnd, check_traced, row_of
 
@@ -108,8 +110,8 @@ def finish(m: Model, res: Attention) -> Attention:
     def rounded(x):
         return None if x is None else round_to(x, m.dtype, x.dtype)
 
-    return replace(res, out=rounded(res.out), trace_out=rounded(res.trace_out),
-                   trace_outs=rounded(res.trace_outs))
+    return replace(res, out=rounded(res.out),
+                   trace=replace(res.trace, outs=rounded(res.trace.outs)))
 
 
 def plain(q, k, v, dtype, opts: ScoreOptions | None = None,
@@ -198,13 +200,14 @@ def run_naive(m: Model, q, k, v, *, trace_at=(0, 0, 0), masked_lse="neg-inf", op
     empty = np.isneginf(lse)
     lse = masked_as(lse, masked_lse)
     outs = None if trace_at is None else row_of(out, trace_at, opts.layout).copy()
-    fields = run_fields(q, k, v, opts, masked_lse)
     return Attention(
-        out=out, lse=lse, **{**fields, "softcap": None, "alibi": False, "sinks": False},
-        block_q=0, block_k=0, tiles_computed=0, tiles_skipped=0, rescales=0,
-        masked_rows=int(np.count_nonzero(empty)),
-        traced=(0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
-        **traced_fields(() if trace_at is None else trace_at[2], (), outs), one_shot=True,
+        out=out, lse=lse, shapes=shapes_of(q, k, v),
+        options=run_options(opts, q, masked_lse, softcap=None, alibi=False, sinks=False,
+                            one_shot=True),
+        tiles=Tiles(block_q=0, block_k=0),
+        counters=Counters(rescales=0, masked_rows=int(np.count_nonzero(empty)), row_visits=0),
+        trace=attention_trace((0, 0, 0) if trace_at is None else (*trace_at[:2], trace_at[2][0]),
+                              () if trace_at is None else trace_at[2], (), outs),
     )
 
 

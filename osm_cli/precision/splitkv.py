@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from osm_cli.flash.forward import Attention, ScoreOptions, masked_as
+from osm_cli.flash.forward import Attention, ScoreOptions, masked_as, summed
+from osm_cli.flash.records import Counters
 from osm_cli.flash.shapes import as_bhnd
 
 from .gpu_libm import expf, logf
@@ -43,17 +44,17 @@ def split_kv_run(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, dense,
     out, merged_lse = fa2_combine(outs, [p.lse for p in parts], d)
     out = np.swapaxes(out, -3, -2) if swap else out
     lse = masked_as(merged_lse, masked_lse)
-    traces = tuple(tuple(st for p in parts for st in p.traces[r])
-                   for r in range(len(parts[0].traces)))
-    return replace(parts[0], out=out, lse=lse, trace=traces[0] if traces else (),
-                   traces=traces, trace_outs=None,
-                   tiles_computed=sum(p.tiles_computed for p in parts),
-                   tiles_skipped=sum(p.tiles_skipped for p in parts),
-                   tiles_total=sum(p.tiles_total for p in parts),
-                   rescales=sum(p.rescales for p in parts),
-                   row_visits=sum(p.row_visits for p in parts),
-                   masked_rows=int(np.isneginf(lse).sum()), trace_out=None,
-                   masked_lse=masked_lse, splits=len(parts))
+    first = parts[0]
+    rows = tuple(tuple(st for p in parts for st in p.trace.rows[r])
+                 for r in range(len(first.trace.rows)))
+    return replace(
+        first, out=out, lse=lse, options=replace(first.options, masked_lse=masked_lse,
+                                                 splits=len(parts)),
+        tiles=replace(first.tiles, **summed([p.tiles for p in parts], "computed", "skipped",
+                                            "total")),
+        counters=Counters(**summed([p.counters for p in parts], "rescales", "row_visits"),
+                          masked_rows=int(np.isneginf(lse).sum())),
+        trace=replace(first.trace, rows=rows, outs=None))
 
 
 def fa2_combine(outs: list, lses: list, d: int) -> tuple[np.ndarray, np.ndarray]:

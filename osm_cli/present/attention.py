@@ -58,15 +58,17 @@ def attention_summary(res, ref_err: dict | None, kernel: str | None = None) -> T
     rows = convention_rows(res)
     if kernel is not None:
         rows.append(("kernel", kernel))
-    if res.one_shot:
+    if res.options.one_shot:
         rows.append(("tiles", "none: plain attention computes all scores at once"))
     else:
         rows += [
             ("tiles", tiles_text(res)),
-            ("rescales", f"{res.rescales} times a tile raised a row's m (l and O then × α < 1)"),
+            ("rescales",
+             f"{res.counters.rescales} times a tile raised a row's m (l and O then × α < 1)"),
         ]
     rows += [
-        ("fully masked rows", f"{res.masked_rows} (output 0, LSE {res.masked_lse})"),
+        ("fully masked rows",
+         f"{res.counters.masked_rows} (output 0, LSE {res.options.masked_lse})"),
     ]
     if ref_err is None:
         rows.append(("reference", "skipped (--no-reference)"))
@@ -85,7 +87,7 @@ def attention_heads(rep) -> list:
     kernel = None
     if rep.shown and rep.kernel is not None:
         res = rep.result
-        kernel = kernel_text(rep.kernel, res.block_k, res.splits, mma=rep.mma,
+        kernel = kernel_text(rep.kernel, res.tiles.block_k, res.options.splits, mma=rep.mma,
                              block_k_given=rep.block_k_given,
                              dtype=rep.model.name if rep.model is not None else None)
     heads = [attention_summary(rep.result, rep.errors, kernel)]
@@ -132,18 +134,19 @@ def attention_trace(res, width: int = 100, show_all: bool = False) -> Group:
 
 def _attention_trace(res, show_all: bool, d: int, o_shown: int = 3,
                      arrows: bool = True) -> Group:
-    if len(res.traces) > 1:
+    if len(res.trace.rows) > 1:
         from .rows import rows_trace
 
         return rows_trace(res, show_all, d, o_shown, arrows)
-    b, h, i = res.traced
-    t, cols = trace_table(res, res.trace, o_shown)
-    moved = [n for n, s in enumerate(res.trace) if s.m != s.m_prev]
-    fill(t, len(res.trace), lambda n: step_cells(res.trace[n], d, arrows, cols), show_all,
-         moved, "tiles")
-    what = "sequence" if getattr(res, "batch", "") else "batch"
+    b, h, i = res.trace.at
+    steps = res.trace.steps
+    t, cols = trace_table(res, steps, o_shown)
+    moved = [n for n, s in enumerate(steps) if s.m != s.m_prev]
+    fill(t, len(steps), lambda n: step_cells(steps[n], d, arrows, cols), show_all, moved,
+         "tiles")
+    what = "sequence" if res.options.batch else "batch"
     title = f"trace of {what} {b}, head {h}, query {i}: start m = -inf, l = 0, O = 0"
-    return Group(Text(title + trace_notes(res, res.trace, cols, arrows)), t)
+    return Group(Text(title + trace_notes(res, steps, cols, arrows)), t)
 
 
 def trace_table(res, steps, o_shown: int, query: bool = False) -> tuple[Table, dict]:
@@ -227,16 +230,16 @@ def _p_top(s, d: int) -> Text:
 def attention_output(res, ref_row, show_all: bool = False) -> Group:
     """The traced row's output O / l beside the reference (empty without a traced row)."""
     parts: list = []
-    if res.trace_out is not None:
+    if res.trace.out is not None:
         o = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         for name in ("j", "output", "reference", "|diff|"):
             o.add_column(name, justify="right")
-        n = len(res.trace_out)
+        n = len(res.trace.out)
 
         def orow(j):
             r = None if ref_row is None else ref_row[j]
-            return [str(j), num(res.trace_out[j], 10), num(r, 10),
-                    num(None if r is None else abs(res.trace_out[j] - r), 3)]
+            return [str(j), num(res.trace.out[j], 10), num(r, 10),
+                    num(None if r is None else abs(res.trace.out[j] - r), 3)]
 
         parts += [Text("output row O / l"), fill(o, n, orow, show_all)]
     return Group(*parts)
@@ -246,7 +249,7 @@ def attention_results(rep, show_all: bool = False, width: int = 100) -> Group:
     """What follows osm attention's trace (report.AttentionReport): the traced row's output
     beside the reference, then the splits of --splits."""
     split = [] if rep.split is None else [split_table(rep.split)]
-    if len(rep.result.queries) > 1:
+    if len(rep.result.trace.queries) > 1:
         from .rows import rows_output
 
         return Group(rows_output(rep.result, rep.ref_rows, show_all, width), *split)
@@ -260,11 +263,11 @@ def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) ->
 
     def upto_step(shown):
         n = len(shown)
-        return replace(res, trace=shown, traces=tuple(tr[:n] for tr in res.traces))
+        return replace(res, trace=shown, traces=tuple(tr[:n] for tr in res.trace.rows))
 
-    return frame(headers, res.trace, upto, "tile",
+    return frame(headers, res.trace.steps, upto, "tile",
                   lambda shown: attention_trace(upto_step(shown), width),
-                  attention_step(res, upto), lines=max(1, len(res.traces)))
+                  attention_step(res, upto), lines=max(1, len(res.trace.rows)))
 
 
 def progress_bar(console: Console):

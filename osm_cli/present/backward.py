@@ -44,7 +44,7 @@ def backward_summary(rep) -> Table:
         ("forward", forward),
         ("D = rowsum(dO∘O)", _range(d)),
         ("tiles", tiles_text(r)),
-        ("fully masked rows", f"{r.masked_rows} (LSE ±inf: P = 0, no gradient)"),
+        ("fully masked rows", f"{r.counters.masked_rows} (LSE ±inf: P = 0, no gradient)"),
     ]
     if rep.errors is None:
         rows.append(("reference", "skipped (--no-reference)"))
@@ -99,9 +99,9 @@ def query_trace(rep, width: int = 100, show_all: bool = False) -> Group:
 
 def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
     r = rep.result
-    b, h, i = r.traced
-    many = not key and len(r.queries) > 1  # several query rows: a line per row under a tile
-    steps = r.key_trace if key else r.query_trace
+    b, h, i = r.trace.at
+    many = not key and len(r.trace.queries) > 1  # several query rows: a line per row under a tile
+    steps = r.trace.key_steps if key else r.trace.steps
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     nc = {"justify": "right", "no_wrap": True}
     names = ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖", "‖dV_j‖") if key else (
@@ -117,22 +117,22 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
             out += [num(s.p_max, d), num(s.ds_sum, d)]
         return out + ([num(s.dk_norm, d), num(s.dv_norm, d)] if key else [num(s.dq_norm, d)])
 
-    what = "sequence" if r.batch else "batch"
+    what = "sequence" if r.options.batch else "batch"
     if many:
         from .rows import queries_text, tile_groups
 
         def line(n, k, first):
-            out = cells(r.query_traces[n][k], str(r.queries[n]))
+            out = cells(r.trace.rows[n][k], str(r.trace.queries[n]))
             if not first:
                 out[0] = out[1] = ""
             return out
 
-        tile_groups(t, r.query_traces, show_all, line)
-        return Group(Text(f"{queries_text(r.queries)} of {what} {b}, head {h}: dQ_i over the "
+        tile_groups(t, r.trace.rows, show_all, line)
+        return Group(Text(f"{queries_text(r.trace.queries)} of {what} {b}, head {h}: dQ_i over the "
                           "K/V tiles, start 0"), t)
     fill(t, len(steps), lambda n: cells(steps[n]), show_all, unit="tiles")
     if key:
-        title = (f"key {r.traced_key} of {what} {b}, kv head {r.kv_head} ({_heads_of(r)}): "
+        title = (f"key {r.trace.key} of {what} {b}, kv head {r.trace.kv_head} ({_heads_of(r)}): "
                  "dK_j, dV_j over the Q tiles, start 0")
     else:
         title = f"query {i} of {what} {b}, head {h}: dQ_i over the K/V tiles, start 0"
@@ -141,10 +141,10 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
 
 def _heads_of(r) -> str:
     """The query heads that read the traced kv head: 'query head 2' or 'query heads 3–5'."""
-    first = r.kv_head * r.group
-    if r.group == 1:
+    first = r.trace.kv_head * r.trace.group
+    if r.trace.group == 1:
         return f"query head {first}"
-    return f"query heads {first}–{first + r.group - 1}"
+    return f"query heads {first}–{first + r.trace.group - 1}"
 
 
 def traced_rows(rep, show_all: bool = False, width: int = 100) -> Group:
@@ -154,16 +154,16 @@ def traced_rows(rep, show_all: bool = False, width: int = 100) -> Group:
     rows = rep.traced_rows
     r = rep.result
     xs, refs, parts = {}, {}, []
-    if len(r.queries) > 1:
+    if len(r.trace.queries) > 1:
         from .rows import row_lines
 
-        parts.append(row_lines("dQ_i of the traced query rows", "dQ_i", r.queries, rows["dq"],
+        parts.append(row_lines("dQ_i of the traced query rows", "dQ_i", r.trace.queries, rows["dq"],
                                None if rep.ref_rows is None else rep.ref_rows["dq"], show_all,
                                width))
-        names = (("dk", f"dK[{r.traced_key}]"), ("dv", f"dV[{r.traced_key}]"))
+        names = (("dk", f"dK[{r.trace.key}]"), ("dv", f"dV[{r.trace.key}]"))
     else:
-        names = (("dq", f"dQ[{r.traced[2]}]"), ("dk", f"dK[{r.traced_key}]"),
-                 ("dv", f"dV[{r.traced_key}]"))
+        names = (("dq", f"dQ[{r.trace.at[2]}]"), ("dk", f"dK[{r.trace.key}]"),
+                 ("dv", f"dV[{r.trace.key}]"))
     for name, label in names:
         xs[label] = np.asarray(rows[name], dtype=np.float64)
         if rep.ref_rows is not None:
@@ -195,9 +195,9 @@ def key_step_frame(headers, rep, upto: int, width: int = 100) -> Group:
     from .stepmode import frame
 
     r = rep.result
-    return frame(headers, r.key_trace, upto, "Q tile",
-                 lambda shown: key_trace(replace(rep, result=replace(r, key_trace=tuple(shown))),
-                                         width), backward_key_step(r, upto))
+    return frame(headers, r.trace.key_steps, upto, "Q tile",
+                 lambda shown: key_trace(replace(rep, result=replace(r, trace=replace(
+                     r.trace, key_steps=tuple(shown)))), width), backward_key_step(r, upto))
 
 
 def query_step_frame(headers, rep, upto: int, width: int = 100) -> Group:
@@ -210,12 +210,11 @@ def query_step_frame(headers, rep, upto: int, width: int = 100) -> Group:
 
     def upto_step(shown):
         n = len(shown)
-        res = replace(r, query_trace=tuple(shown),
-                      query_traces=tuple(tr[:n] for tr in r.query_traces))
+        res = replace(r, trace=replace(r.trace, rows=tuple(tr[:n] for tr in r.trace.rows)))
         return query_trace(replace(rep, result=res), width)
 
-    return frame(headers, r.query_trace, upto, "K/V tile", upto_step,
-                 backward_query_step(r, upto), lines=max(1, len(r.query_traces)))
+    return frame(headers, r.trace.steps, upto, "K/V tile", upto_step,
+                 backward_query_step(r, upto), lines=max(1, len(r.trace.rows)))
 
 
 def backward_step_frame(headers, rep, k: int, width: int = 100) -> Group:
@@ -224,13 +223,13 @@ def backward_step_frame(headers, rep, k: int, width: int = 100) -> Group:
     from .stepmode import step_hint
 
     r = rep.result
-    nk = len(r.key_trace)
+    nk = len(r.trace.key_steps)
     if k < nk:
         group, unit, at, n = key_step_frame(headers, rep, k, width), "Q tile", k, nk
     else:
         group = query_step_frame(headers, rep, k - nk, width)
-        unit, at, n = "K/V tile", k - nk, len(r.query_trace)
-    total = nk + len(r.query_trace)
+        unit, at, n = "K/V tile", k - nk, len(r.trace.steps)
+    total = nk + len(r.trace.steps)
     hint = step_hint(k, total, "step")
     hint.plain = hint.plain.replace(f"step {k + 1} of {total}",
                                     f"step {k + 1} of {total} ({unit} {at + 1} of {n})", 1)

@@ -125,10 +125,10 @@ def tiles_csv(res) -> str:
     moved, so its state was scaled by α. A skipped tile (the mask hides it) has tile_max -inf
     and leaves the state as it was.
     """
-    traces = res.traces or (res.trace,)
-    queries = res.queries or (res.traced[2],)
+    traces = res.trace.rows or (res.trace.steps,)
+    queries = res.trace.queries or (res.trace.at[2],)
     shown = max((len(s.o) for tr in traces for s in tr), default=0)
-    b, h, _ = res.traced
+    b, h, _ = res.trace.at
     return _csv([*TILE_COLUMNS, *(f"o_{j}" for j in range(shown))], (
         (b, h, i, n, s.block, s.start, s.stop, s.masked, s.block_max, s.m_prev, s.m, s.alpha,
          s.l_prev, s.l, s.rescaled, s.o_norm, *(float(x) for x in s.o))
@@ -148,10 +148,10 @@ def grad_trace_csv(res) -> str:
     trace "key": key row `row` of kv head `head`, its tiles the Q tiles (start:stop are query
     rows); trace "query": query row `row` of head `head`, its tiles the K/V tiles (keys), each
     traced query row's in turn (--query 0:4)."""
-    b, h, i = res.traced
-    queries = res.queries or (i,)
-    rows = res.query_traces or (res.query_trace,)
-    traces = ((("key", b, res.kv_head, res.traced_key), res.key_trace),
+    b, h, i = res.trace.at
+    queries = res.trace.queries or (i,)
+    rows = res.trace.rows or (res.trace.steps,)
+    traces = ((("key", b, res.trace.kv_head, res.trace.key), res.trace.key_steps),
               *((("query", b, h, qi), tr) for qi, tr in zip(queries, rows, strict=True)))
     return _csv(GRAD_COLUMNS, (
         (*who, s.block, s.start, s.stop, s.masked, s.p_max, s.ds_sum, s.dk_norm, s.dv_norm,

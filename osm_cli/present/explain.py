@@ -66,14 +66,15 @@ def _each(steps, show_all: bool, unit: str, one, moved=None,
 def attention_step(res, k: int) -> Group:
     """K/V tile k of attention's traced row; of several rows (--query 0:4), each row's lines
     under its query (one line when the tile is skipped for all of them)."""
-    if len(res.traces) <= 1:
-        return step_block(attention_heading(res.trace[k]), attention_step_lines(res.trace, k))
-    head = attention_heading(res.traces[0][k])
-    if all(tr[k].masked for tr in res.traces):
+    if len(res.trace.rows) <= 1:
+        steps = res.trace.steps
+        return step_block(attention_heading(steps[k]), attention_step_lines(steps, k))
+    head = attention_heading(res.trace.rows[0][k])
+    if all(tr[k].masked for tr in res.trace.rows):
         return step_block(head, ["skipped for every traced row: the mask hides these keys; m, "
                                  "l, O unchanged"])
     parts: list = [Text(head, style="bold")]
-    for qi, tr in zip(res.queries, res.traces, strict=True):
+    for qi, tr in zip(res.trace.queries, res.trace.rows, strict=True):
         parts.append(Padding(Text(f"query {qi}", style="bold"), (0, 0, 0, 3)))
         parts += [Padding(Text(line), (0, 0, 0, 5)) for line in attention_step_lines(tr, k)]
     return Group(*parts)
@@ -82,7 +83,7 @@ def attention_step(res, k: int) -> Group:
 def attention_explained(res, show_all: bool = False) -> Group:
     """Every tile's arithmetic for the traced row (or rows)."""
     parts: list = [Text("each tile's arithmetic", style="bold underline"), Text(ATTENTION_NOTE)]
-    traces = res.traces if len(res.traces) > 1 else (res.trace,)
+    traces = res.trace.rows if len(res.trace.rows) > 1 else (res.trace.steps,)
     n = min(map(len, traces))
     moved = [k for k in range(n) if any(tr[k].m != tr[k].m_prev for tr in traces)]
     return Group(*parts, *_each(traces[0][:n], show_all, "tiles",
@@ -91,43 +92,43 @@ def attention_explained(res, show_all: bool = False) -> Group:
 
 def backward_key_step(res, k: int) -> Group:
     """Q tile k of backward's traced key (res: a Backward record)."""
-    s = res.key_trace[k]
+    s = res.trace.key_steps[k]
     return step_block(f"Q tile {s.block}, rows {s.start}:{s.stop}",
-                      backward_key_lines(s, res.scale, res.traced_key))
+                      backward_key_lines(s, res.options.softmax_scale, res.trace.key))
 
 
 def backward_query_step(res, k: int) -> Group:
     """K/V tile k of backward's traced query row; of several rows, each row's lines under its
     query (one line when the tile is skipped for all)."""
-    traces = res.query_traces if len(res.query_traces) > 1 else (res.query_trace,)
+    traces = res.trace.rows if len(res.trace.rows) > 1 else (res.trace.steps,)
     s = traces[0][k]
     head = f"K/V tile {s.block}, keys {s.start}:{s.stop}"
     if len(traces) == 1:
-        return step_block(head, backward_query_lines(s, res.scale))
+        return step_block(head, backward_query_lines(s, res.options.softmax_scale))
     if all(tr[k].masked for tr in traces):
         return step_block(head, ["skipped for every traced row: the mask hides these keys; dQ_i "
                                  "unchanged"])
     parts: list = [Text(head, style="bold")]
-    for qi, tr in zip(res.queries, traces, strict=True):
+    for qi, tr in zip(res.trace.queries, traces, strict=True):
         parts.append(Padding(Text(f"query {qi}", style="bold"), (0, 0, 0, 3)))
         parts += [Padding(Text(line), (0, 0, 0, 5))
-                  for line in backward_query_lines(tr[k], res.scale)]
+                  for line in backward_query_lines(tr[k], res.options.softmax_scale)]
     return Group(*parts)
 
 
 def backward_key_explained(res, show_all: bool = False) -> Group:
     """Every Q tile's arithmetic for backward's traced key."""
-    return Group(Text(f"each Q tile's arithmetic for key {res.traced_key}", style="bold underline"),
-                 Text(BACKWARD_NOTE), *_each(res.key_trace, show_all, "Q tiles",
+    return Group(Text(f"each Q tile's arithmetic for key {res.trace.key}", style="bold underline"),
+                 Text(BACKWARD_NOTE), *_each(res.trace.key_steps, show_all, "Q tiles",
                         lambda k: backward_key_step(res, k), (), ""), Text(""))
 
 
 def backward_query_explained(res, show_all: bool = False) -> Group:
     """Every K/V tile's arithmetic for backward's traced query row (or rows)."""
-    n = len(res.query_trace)
+    n = len(res.trace.steps)
     return Group(Text("each K/V tile's arithmetic for the traced query row"
-                      + ("s" if len(res.query_traces) > 1 else ""), style="bold underline"),
-                 Text(BACKWARD_NOTE), *_each(res.query_trace[:n], show_all, "K/V tiles",
+                      + ("s" if len(res.trace.rows) > 1 else ""), style="bold underline"),
+                 Text(BACKWARD_NOTE), *_each(res.trace.steps[:n], show_all, "K/V tiles",
                         lambda k: backward_query_step(res, k), (), ""), Text(""))
 
 

@@ -5,9 +5,9 @@ present/stream.py writes as they are computed).
 Keys and their order are the documents' contract (tests and scripts read them). The step
 record's field names are mapped to the documented keys in `_state`, `step_doc` and `tile_doc`
 only: alpha is written as "scale" (the rescale factor exp(m_old − m); the softmax scale is
-"softmax_scale" in osm attention's document, "scale" at backward's top level, where no step
-has one); a trace step's lazy skip and a tile's mask both as "skipped"; a tile's block index
-and max as "tile" and "tile_max".
+"softmax_scale" in osm attention's and osm backward's documents alike, `_run_doc`, so that
+"scale" is only ever α); a trace step's lazy skip and a tile's mask both as "skipped"; a tile's
+block index and max as "tile" and "tile_max".
 Leaves out: computing anything (the records come from reports/ and the lower layers).
 
 Example: trace_doc(trace_report(np.array([2., 4., 1., 3.]), 2))["steps"][1]["l"] -> 1.5530018
@@ -145,17 +145,17 @@ def tile_doc(s) -> dict:
 
 def kernel_inputs_doc(res) -> dict:
     """The kernels' inputs a run took (an Attention or Backward record); {} for a plain run."""
-    doc = {}
-    if getattr(res, "batch", ""):
-        doc["batch"] = res.batch
-    if getattr(res, "softcap", None) is not None:
-        doc["softcap"] = res.softcap
-    if getattr(res, "alibi", False):
+    doc, o = {}, res.options
+    if o.batch:
+        doc["batch"] = o.batch
+    if o.softcap is not None:
+        doc["softcap"] = o.softcap
+    if o.alibi:
         doc["alibi"] = True
-    if getattr(res, "mods", ""):
-        doc["mods"] = res.mods
-        doc["tiles_partial"] = res.tiles_partial
-    if getattr(res, "sinks", False):
+    if o.mods:
+        doc["mods"] = o.mods
+        doc["tiles_partial"] = res.tiles.partial
+    if o.sinks:
         doc["sinks"] = True
     return doc
 
@@ -215,24 +215,31 @@ def trace_doc(rep) -> dict:
     return doc
 
 
+def _run_doc(res) -> dict:
+    """The keys of what a run was asked (an Attention or Backward record), for attention's and
+    backward's documents alike: the shapes, softmax_scale, the masks, the kernels' inputs."""
+    o, sh = res.options, res.shapes
+    return {"shape_q": list(sh.q), "shape_k": list(sh.k), "shape_v": list(sh.v),
+            "softmax_scale": o.softmax_scale, "causal": o.causal, "causal_align": o.causal_align,
+            "window": None if o.window is None else list(o.window), "mask": o.mask,
+            **kernel_inputs_doc(res)}
+
+
 def attention_summary(res, errs: dict | None, ref_row) -> dict:
     """osm attention's summary and traced row (attention.Attention), with its errors against the
     reference (attention.errors; None: skipped) and the reference's traced row."""
     return {
-        "shape_q": list(res.shape_q), "shape_k": list(res.shape_k), "shape_v": list(res.shape_v),
-        "softmax_scale": res.scale,  # 1/√d by default; a step's "scale" is its α (issue 20)
-        "causal": res.causal, "causal_align": res.align,
-        "window": None if res.window is None else list(res.window),
-        "mask": res.mask, **kernel_inputs_doc(res),
-        "block_q": res.block_q, "block_k": res.block_k,
-        "tiles_computed": res.tiles_computed, "tiles_skipped": res.tiles_skipped,
-        "tiles_total": res.tiles_total, "rescales": res.rescales,
-        "masked_rows": res.masked_rows, "masked_lse": res.masked_lse, "lse_base": "e",
+        **_run_doc(res),  # shapes, softmax_scale (1/√d by default; a step's "scale" is its α)
+        "block_q": res.tiles.block_q, "block_k": res.tiles.block_k,
+        "tiles_computed": res.tiles.computed, "tiles_skipped": res.tiles.skipped,
+        "tiles_total": res.tiles.total, "rescales": res.counters.rescales,
+        "masked_rows": res.counters.masked_rows, "masked_lse": res.options.masked_lse,
+        "lse_base": "e",
         **(errs or {"reference": "skipped"}),
-        "trace": trace_rows_doc(res, ref_row) if len(res.traces) > 1 else {
-            "batch": res.traced[0], "head": res.traced[1], "query": res.traced[2],
-            "steps": [tile_doc(s) for s in res.trace],
-            "out": res.trace_out,
+        "trace": trace_rows_doc(res, ref_row) if len(res.trace.rows) > 1 else {
+            "batch": res.trace.at[0], "head": res.trace.at[1], "query": res.trace.at[2],
+            "steps": [tile_doc(s) for s in res.trace.steps],
+            "out": res.trace.out,
             "reference": ref_row,
         },
     }
@@ -247,22 +254,23 @@ def trace_rows_doc(res, ref_rows) -> dict:
     key of tile_doc as a list over the rows, in the order of "queries" (m, l, scale, o_head, …:
     the vectors a kernel holds for a Q tile); "out" and "reference" are lists of rows."""
     steps = []
-    for k in range(min(map(len, res.traces))):
-        docs = [tile_doc(tr[k]) for tr in res.traces]
+    for k in range(min(map(len, res.trace.rows))):
+        docs = [tile_doc(tr[k]) for tr in res.trace.rows]
         keys = list(dict.fromkeys(key for d in docs for key in d))
         steps.append({key: docs[0].get(key) if key in SHARED else [d.get(key) for d in docs]
                       for key in keys})
-    return {"batch": res.traced[0], "head": res.traced[1], "queries": list(res.queries),
-            "steps": steps, "out": res.trace_outs, "reference": ref_rows}
+    return {"batch": res.trace.at[0], "head": res.trace.at[1], "queries": list(res.trace.queries),
+            "steps": steps, "out": res.trace.outs, "reference": ref_rows}
 
 
 def attention_doc(rep) -> dict:
     """osm attention --json (report.AttentionReport): the summary and trace, then the keys of
     --dtype (precision) and --splits."""
     doc = {"kernel": rep.kernel, "mma": rep.mma,  # the preset modelled (None: naive)
-           **({"kernel_splits": rep.result.splits} if rep.kernel not in (None, "tiles") else {}),
+           **({"kernel_splits": rep.result.options.splits}
+              if rep.kernel not in (None, "tiles") else {}),
            **attention_summary(rep.result, rep.errors,
-                               rep.ref_rows if len(rep.result.traces) > 1 else rep.ref_row)}
+                               rep.ref_rows if len(rep.result.trace.rows) > 1 else rep.ref_row)}
     if rep.model is not None:
         doc["precision"] = precision_doc(rep.model, rep.notes, rep.verdict)
     if rep.baseline is not None:
@@ -349,8 +357,8 @@ def query_traces_doc(r) -> list:
     its block, start and stop once and masked, p_max, ds_sum, dq_norm as lists over the rows
     of traced.queries."""
     steps = []
-    for k in range(min(map(len, r.query_traces))):
-        docs = [grad_step_doc(tr[k]) for tr in r.query_traces]
+    for k in range(min(map(len, r.trace.rows))):
+        docs = [grad_step_doc(tr[k]) for tr in r.trace.rows]
         keys = dict.fromkeys(key for d in docs for key in d)
         steps.append({key: docs[0][key] if key in ("block", "start", "stop") else
                       [d.get(key) for d in docs] for key in keys})
@@ -362,27 +370,24 @@ def backward_doc(rep) -> dict:
     traced.queries in place of traced.query, query_trace as query_traces_doc, and
     traced_rows.dq and reference_rows.dq as lists of rows."""
     r = rep.result
-    b, h, i = r.traced
-    many = len(r.queries) > 1  # several query rows: their traces as lists (query_traces_doc)
+    b, h, i = r.trace.at
+    many = len(r.trace.queries) > 1  # several query rows: their traces as lists (query_traces_doc)
     d = np.asarray(r.delta, dtype=np.float64)
     doc = {
         "kernel": rep.kernel, "mma": rep.mma,  # the preset whose forward gave O and LSE
-        "shape_q": list(r.shape_q), "shape_k": list(r.shape_k), "shape_v": list(r.shape_v),
-        "scale": r.scale, "causal": r.causal, "causal_align": r.align,
-        "window": None if r.window is None else list(r.window), "mask": r.mask,
-        **kernel_inputs_doc(r), "own_forward": r.own_forward, "block_q": r.block_q,
-        "block_k": r.block_k,
-        "tiles_computed": r.tiles_computed, "tiles_skipped": r.tiles_skipped,
-        "tiles_total": r.tiles_total, "masked_rows": r.masked_rows,
+        **_run_doc(r), "own_forward": r.own_forward,
+        "block_q": r.tiles.block_q, "block_k": r.tiles.block_k,
+        "tiles_computed": r.tiles.computed, "tiles_skipped": r.tiles.skipped,
+        "tiles_total": r.tiles.total, "masked_rows": r.counters.masked_rows,
         "delta_min": float(d.min()) if d.size else None,
         "delta_max": float(d.max()) if d.size else None,
         "errors": rep.errors,
-        "traced": {"batch": b, "head": h, **({"queries": list(r.queries)} if many else
+        "traced": {"batch": b, "head": h, **({"queries": list(r.trace.queries)} if many else
                                               {"query": i}),
-                   "key": r.traced_key, "kv_head": r.kv_head},
-        "key_trace": [grad_step_doc(s) for s in r.key_trace],
+                   "key": r.trace.key, "kv_head": r.trace.kv_head},
+        "key_trace": [grad_step_doc(s) for s in r.trace.key_steps],
         "query_trace": (query_traces_doc(r) if many else
-                        [grad_step_doc(s) for s in r.query_trace]),
+                        [grad_step_doc(s) for s in r.trace.steps]),
         "traced_rows": {n: np.asarray(x, dtype=np.float64) for n, x in rep.traced_rows.items()},
         "reference_rows": rep.ref_rows,
         **({} if r.dsink is None else {"dsink": r.dsink}),

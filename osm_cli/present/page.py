@@ -190,14 +190,13 @@ def _matrix(q, k, opts, kinds, batch: int, head: int, block_q: int, block_k: int
     return doc
 
 
-def _rows(res, traces_name: str, one_name: str):
-    """(queries, traces): every traced query row and its steps (one row: the record's own)."""
-    b, h, i = res.traced
-    traces = getattr(res, traces_name) or ()
-    queries = tuple(res.queries) or (i,)
-    if len(traces) <= 1:
-        return (i,), (getattr(res, one_name),)
-    return queries, traces
+def _rows(res):
+    """(queries, traces): every traced query row and its steps (one row: the record's own;
+    res: an Attention or Backward record)."""
+    i = res.trace.at[2]
+    if len(res.trace.rows) <= 1:
+        return (i,), (res.trace.steps,)
+    return tuple(res.trace.queries), res.trace.rows
 
 
 def _lit(m: dict, block_q: int, block_k: int, r0: int, r1: int, c0: int,
@@ -261,9 +260,9 @@ def attention_doc(rep, q, k, opts) -> dict:
     """`osm attention`'s page: the traced rows' K/V tiles over the traced head's P (several
     rows, --query 0:4: each tile's state a row per query, its arithmetic a section each)."""
     res = rep.result
-    b, h, _ = res.traced
-    queries, traces = _rows(res, "traces", "trace")
-    bq, bk = res.block_q, res.block_k
+    b, h, _ = res.trace.at
+    queries, traces = _rows(res)
+    bq, bk = res.tiles.block_q, res.tiles.block_k
     t, n, d, kinds = _head(q, k, opts, bq, bk)
     m = _matrix(q, k, opts, kinds, b, h, bq, bk, queries)
     tiles = sorted({x // bq for x in queries})
@@ -324,9 +323,9 @@ def backward_doc(rep, q, k, opts) -> dict:
     arithmetic as `osm backward --explain` prints it (P, dP, D, dS = P∘(dP − D), then the
     gradients before, the tile's share and after)."""
     res = rep.result
-    b, h, _ = res.traced
-    queries, traces = _rows(res, "query_traces", "query_trace")
-    key, bq, bk = res.traced_key, res.block_q, res.block_k
+    b, h, _ = res.trace.at
+    queries, traces = _rows(res)
+    key, bq, bk = res.trace.key, res.tiles.block_q, res.tiles.block_k
     t, n, d, kinds = _head(q, k, opts, bq, bk)
     m = _matrix(q, k, opts, kinds, b, h, bq, bk, queries, key)
     n_q, n_k = kinds.shape
@@ -334,7 +333,7 @@ def backward_doc(rep, q, k, opts) -> dict:
     read, written = costmodel.fa1_traffic(t, n, d, bq, bk, kinds == "skip", backward=True)
     size = _dtype_bytes(rep, q)
     end = int(read[-1, -1] + written[-1, -1]) * size
-    by_q = {s.block: s for s in res.key_trace}  # Q tile -> the key row's step
+    by_q = {s.block: s for s in res.trace.key_steps}  # Q tile -> the key row's step
     by_k = [{s.block: s for s in tr} for tr in traces]  # per row: K/V tile -> its step
     norms = {"dK": 0.0, "dV": 0.0, **{qi: 0.0 for qi in queries}}
     steps = []
@@ -347,7 +346,7 @@ def backward_doc(rep, q, k, opts) -> dict:
             sections.append({"title": "", "lines": [
                 "skipped, not computed: the mask hides the tile; dQ, dK, dV unchanged"]})
         if ks is not None:
-            lines = [] if skipped else backward_key_lines(ks, res.scale, key)
+            lines = [] if skipped else backward_key_lines(ks, res.options.softmax_scale, key)
             lines += [f"dK_j += scale·dSᵀ·Q_i: ‖dK_j‖ = {arrow(norms['dK'], ks.dk_norm, 6)}",
                       f"dV_j += Pᵀ·dO_i: ‖dV_j‖ = {arrow(norms['dV'], ks.dv_norm, 6)}"]
             norms["dK"], norms["dV"] = ks.dk_norm, ks.dv_norm
@@ -355,7 +354,7 @@ def backward_doc(rep, q, k, opts) -> dict:
         for qi, qs in rows:
             if qs is None:
                 continue
-            lines = [] if skipped else backward_query_lines(qs, res.scale)
+            lines = [] if skipped else backward_query_lines(qs, res.options.softmax_scale)
             lines.append(f"dQ_i += scale·dS·K_j: ‖dQ_i‖ = {arrow(norms[qi], qs.dq_norm, 6)}")
             norms[qi] = qs.dq_norm
             sections.append({"title": f"query {qi}, along K/V tile {j}'s keys", "lines": lines})

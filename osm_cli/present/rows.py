@@ -54,27 +54,27 @@ def _moved(step) -> bool:
 
 
 def rows_trace(res, show_all: bool, d: int, o_shown: int, arrows: bool) -> Group:
-    """attention's trace of several rows (res.traces), as attention.trace_table's rows."""
+    """attention's trace of several rows (res.trace.rows), as attention.trace_table's rows."""
     from .attention import step_cells, trace_notes, trace_table
 
-    b, h, _ = res.traced
-    steps = [s for tr in res.traces for s in tr]
+    b, h, _ = res.trace.at
+    steps = [s for tr in res.trace.rows for s in tr]
     t, cols = trace_table(res, steps, o_shown, query=True)
 
     def line(r, k, first):
-        cells = step_cells(res.traces[r][k], d, arrows, cols, str(res.queries[r]))
+        cells = step_cells(res.trace.rows[r][k], d, arrows, cols, str(res.trace.queries[r]))
         if not first and cells[0] != "sink":  # the tile and its keys once, on its first line
             cells[0] = cells[1] = ""
         elif not first:
             cells[0] = ""
         return cells
 
-    tile_groups(t, res.traces, show_all, line)
-    what = "sequence" if getattr(res, "batch", "") else "batch"
-    title = (f"trace of {what} {b}, head {h}, {queries_text(res.queries)}: start m = -inf, "
+    tile_groups(t, res.trace.rows, show_all, line)
+    what = "sequence" if res.options.batch else "batch"
+    title = (f"trace of {what} {b}, head {h}, {queries_text(res.trace.queries)}: start m = -inf, "
              "l = 0, O = 0\n(a line per row under each tile: the m, l and O vectors a kernel "
              "holds)")
-    notes = trace_notes(res, res.trace, cols, arrows).replace(
+    notes = trace_notes(res, res.trace.steps, cols, arrows).replace(
         "(the row above holds their values before it)", "(the tile above: before it)")
     return Group(Text(title + notes), t)
 
@@ -115,9 +115,9 @@ def row_lines(title: str, name: str, queries, rows, refs, show_all: bool = False
 def rows_output(res, ref_rows, show_all: bool = False, width: int = 100) -> Group:
     """The traced rows' outputs O / l, a line a row, each against the float64 reference
     (ref_rows: (rows, dv), or None)."""
-    if res.trace_outs is None:
+    if res.trace.outs is None:
         return Group()
-    return row_lines("output rows O / l", "O", res.queries, res.trace_outs, ref_rows,
+    return row_lines("output rows O / l", "O", res.trace.queries, res.trace.outs, ref_rows,
                      show_all, width)
 
 

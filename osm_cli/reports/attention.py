@@ -121,7 +121,8 @@ def attention_report(
     if tiles is not None or tiling.threshold:
         plain = run(model, q, k, v, **{**run_kw, "tiling": replace(tiling, threshold=0.0),
                                        "trace_at": None})
-        base = Baseline(order, float(tiling.threshold or 0.0), res.rescales, plain.rescales,
+        base = Baseline(order, float(tiling.threshold or 0.0), res.counters.rescales,
+                        plain.counters.rescales,
                         max_abs_diff(res.out, plain.out), max_abs_diff(res.lse, plain.lse))
     extra = {"kernel": name, "shown": shown}
     if not with_reference:
@@ -133,12 +134,12 @@ def attention_report(
 
 def _judged(res: Attention, model: Model | None, qkv: tuple, opts: ScoreOptions) -> tuple:
     """A run against the float64 reference of qkv (the descaled inputs of an FP8 run): its
-    errors, the reference's traced rows ((rows, dv), as res.queries) and, for a model's run,
+    errors, the reference's traced rows ((rows, dv), as res.trace.queries) and, for a model's run,
     the FlashAttention rule's verdict."""
     ref_out, ref_lse = reference(*qkv, opts)
     errs = errors(res, ref_out, ref_lse)
-    b, h, _ = res.traced
-    queries = res.queries or (res.traced[2],)
+    b, h, _ = res.trace.at
+    queries = res.trace.queries or (res.trace.at[2],)
     if opts.packing.active:
         packed = plan_packing(*qkv, opts.packing)
         ref_rows = np.stack([traced_row(packed, ref_out, (b, h, i)) for i in queries])
@@ -163,7 +164,7 @@ def _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
     if tau:
         eager = run_flash(model, q, k, v, kernel=name, **{**kw, "threshold": 0.0,
                                                           "trace_at": None})
-        base = Baseline("forward", float(tau), res.rescales, eager.rescales,
+        base = Baseline("forward", float(tau), res.counters.rescales, eager.counters.rescales,
                         max_abs_diff(res.out, eager.out), max_abs_diff(res.lse, eager.lse))
     extra = {"kernel": name, "mma": mma, "block_k_given": tiling.block_k is not None,
              "shown": shown}

@@ -55,22 +55,22 @@ class BackwardReport:
 
 
 def _rows(grads: dict, res: Backward, layout: str, packed: Packed | None = None) -> dict:
-    """dQ's traced query row (several traced rows: (rows, d), as res.queries), dK's and dV's
+    """dQ's traced query row (several traced rows: (rows, d), as res.trace.queries), dK's and dV's
     traced key row (of the traced sequence when packed is a varlen or paged batch)."""
-    b, h, i = res.traced
-    many = len(res.queries) > 1
+    b, h, i = res.trace.at
+    many = len(res.trace.queries) > 1
     out = {}
     for name, g in grads.items():
         if packed is not None:
             if name == "dq":
-                rows = [traced_row(packed, g, (b, h, qi)) for qi in res.queries or (i,)]
+                rows = [traced_row(packed, g, (b, h, qi)) for qi in res.trace.queries or (i,)]
                 out[name] = np.stack(rows) if many else rows[0]
             else:
-                out[name] = traced_row(packed, g, (b, res.kv_head, i), key=res.traced_key)
+                out[name] = traced_row(packed, g, (b, res.trace.kv_head, i), key=res.trace.key)
             continue
         g4 = as_bhnd(np.asarray(g), layout, name)
-        out[name] = (g4[b, h, list(res.queries) if many else i] if name == "dq" else
-                     g4[b, res.kv_head, res.traced_key])
+        out[name] = (g4[b, h, list(res.trace.queries) if many else i] if name == "dq" else
+                     g4[b, res.trace.kv_head, res.trace.key])
     return out
 
 

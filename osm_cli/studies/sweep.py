@@ -163,8 +163,8 @@ def attention_runner(
                             hooks=Hooks(accum=accum), trace_at=None)
         err = errors(res, ref_out, ref_lse)
         return Measure(
-            err["max_abs_err"], err["max_lse_err"], res.rescales, res.tiles_total,
-            res.tiles_skipped, res.row_visits, ref_max=top,
+            err["max_abs_err"], err["max_lse_err"], res.counters.rescales, res.tiles.total,
+            res.tiles.skipped, res.counters.row_visits, ref_max=top,
         )
 
     return run

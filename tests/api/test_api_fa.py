@@ -61,11 +61,11 @@ def test_flash_attn_func_call_is_the_records_call_bit_for_bit():
     old = tiled(q, k, v, opts=ScoreOptions(scale=s, causal=True, window=(128, 0), sinks=sinks),
                 trace_at=(1, 3, 200))
     assert np.array_equal(new.out, old.out) and np.array_equal(new.lse, old.lse)
-    assert len(new.trace) == len(old.trace) > 1
-    for a, b in zip(new.trace, old.trace, strict=True):
+    assert len(new.trace.steps) == len(old.trace.steps) > 1
+    for a, b in zip(new.trace.steps, old.trace.steps, strict=True):
         assert (a.block, a.m, a.alpha, a.l) == (b.block, b.m, b.alpha, b.l)
         assert np.array_equal(a.o, b.o)
-    assert new.tiles_skipped == old.tiles_skipped > 0
+    assert new.tiles.skipped == old.tiles.skipped > 0
 
 
 def test_no_window_and_no_softcap_are_the_defaults():
@@ -74,7 +74,7 @@ def test_no_window_and_no_softcap_are_the_defaults():
     for kw in ({"window_size": (-1, -1)}, {"window_size": None}, {"window_size": (None, None)},
                {"softcap": 0.0}):
         res = osm_cli.attention(q, k, v, **kw)
-        assert np.array_equal(res.out, plain.out) and res.window is None, kw
+        assert np.array_equal(res.out, plain.out) and res.options.window is None, kw
 
 
 def test_window_size_in_parameter_words():
@@ -138,7 +138,7 @@ def test_a_dtype_runs_the_kernels_model():
     --dtype bf16` does; the reference in that dtype is FA's `pt` (upcast=False)."""
     q, k, v = qkv(40, 40, 64, heads=(2, 2), b=1, seed=11)
     res = osm_cli.attention(q, k, v, causal=True, dtype="bf16")
-    assert res.kernel == "fa2"
+    assert res.options.kernel == "fa2"
     pt = osm_cli.attention_reference(q, k, v, causal=True, dtype="bf16")
     ref = osm_cli.attention_reference(q, k, v, causal=True)
     assert np.abs(res.out - ref.out).max() <= 2 * np.abs(pt.out - ref.out).max() + 1e-2
@@ -159,7 +159,24 @@ def test_attention_json_names_the_softmax_scale_apart_from_a_steps_alpha():
     q, k, v = (np.load("samples/qkv.npz")[n] for n in "qkv")
     res = osm_cli.attention(q, k, v, causal=True, block_k=2, trace_at=(0, 0, 5))
     steps = doc["trace"]["steps"]
-    assert len(steps) == 4 and [s["scale"] for s in steps] == [s.alpha for s in res.trace]
+    assert len(steps) == 4 and [s["scale"] for s in steps] == [s.alpha for s in res.trace.steps]
+    assert res.options.softmax_scale == 0.5
+
+
+def test_backward_json_names_the_softmax_scale_too():
+    """osm backward's document says softmax_scale at its top level as attention's does (osm
+    0.2 said "scale", the key attention's steps use for α): 1/√d = 0.5 here, and 0.25 given."""
+    import json
+
+    from conftest import osm
+
+    for extra, want in (((), 0.5), (("--scale", "0.25"), 0.25)):
+        r = osm("backward", *(f"samples/{n}.npy" for n in ("q", "k", "v", "do")), "--causal",
+                *extra, "--json")
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert doc["softmax_scale"] == want and "scale" not in doc
+        assert list(doc)[:5] == ["kernel", "mma", "shape_q", "shape_k", "shape_v"]
 
 
 def test_fa2_split_kv_of_a_bnhd_batch_is_the_bhnd_one():
@@ -173,5 +190,5 @@ def test_fa2_split_kv_of_a_bnhd_batch_is_the_bhnd_one():
     a = osm_cli.attention(q, k, v, layout="bnhd", dtype="bf16", kernel="fa2", trace_at=None)
     b = osm_cli.attention(*(np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)),
                           dtype="bf16", kernel="fa2", trace_at=None)
-    assert a.splits == b.splits > 1
+    assert a.options.splits == b.options.splits > 1
     assert np.array_equal(a.out, b.out.transpose(0, 2, 1, 3)) and np.array_equal(a.lse, b.lse)

@@ -100,7 +100,7 @@ def test_csv_matches_records():
                     order=np.array([3, 1, 0, 2]))
     rows = list(csv.DictReader(io.StringIO(tiles_csv(res))))
     assert [int(x["tile"]) for x in rows] == [3, 1, 0, 2]
-    for line, s in zip(rows, res.trace, strict=True):
+    for line, s in zip(rows, res.trace.steps, strict=True):
         assert float(line["m"]) == s.m and float(line["l"]) == s.l
         assert line["skipped"] == ("true" if s.masked else "false")
         assert [float(line[f"o_{j}"]) for j in range(3)] == s.o.tolist()
@@ -165,10 +165,10 @@ def test_skip_map_agrees_with_attention(b, h, t, s, bq, bk, causal, align, windo
     res = attention(q, k, k, block_q=bq, block_k=bk, **kw)
     m = skip_map(q, k, block_q=bq, block_k=bk, **kw)
     assert m.shape == (-(-t // bq), -(-s // bk))
-    assert int(m.sum()) == res.tiles_skipped and m.size == res.tiles_total
+    assert int(m.sum()) == res.tiles.skipped and m.size == res.tiles.total
     for i in range(m.shape[0]):  # the traced row of each Q tile saw exactly these skips
         r = attention(q, k, k, block_q=bq, block_k=bk, trace_at=(0, 0, i * bq), **kw)
-        assert [x.masked for x in r.trace] == m[i].tolist()
+        assert [x.masked for x in r.trace.steps] == m[i].tolist()
 
 
 # ---------------------------------------------------------------------------------------------

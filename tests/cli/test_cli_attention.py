@@ -73,7 +73,7 @@ def test_sample_summary_and_trace(runner):
         assert 0 < errs[key] < 1e-6  # float32 run against the float64 reference
         assert f"{errs[key]:.3g}" in text
     assert "trace of batch 0, head 0, query 0: start m = -inf, l = 0, O = 0" in text
-    assert f"{res.trace[0].block_max:.7g}" in text
+    assert f"{res.trace.steps[0].block_max:.7g}" in text
 
 
 def test_npz_causal_head_and_query(runner, strict_json):
@@ -99,9 +99,9 @@ def test_causal_sample_skips_tiles(runner, strict_json):
                  "--block-q", 4, "--block-k", 2, "--json")
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
-    assert doc["tiles_skipped"] == res.tiles_skipped > 0
-    assert doc["tiles_computed"] == res.tiles_computed
-    assert [s["skipped"] for s in doc["trace"]["steps"]] == [s.masked for s in res.trace]
+    assert doc["tiles_skipped"] == res.tiles.skipped > 0
+    assert doc["tiles_computed"] == res.tiles.computed
+    assert [s["skipped"] for s in doc["trace"]["steps"]] == [s.masked for s in res.trace.steps]
     assert any(s["skipped"] for s in doc["trace"]["steps"])
 
 
@@ -148,13 +148,13 @@ def test_json_is_strict_and_complete(runner, strict_json):
     doc = strict_json(result.stdout)
     assert doc["shape_q"] == [2, 8, 4]
     assert (doc["tiles_computed"], doc["tiles_skipped"]) == (3, 0)
-    assert doc["rescales"] == res.rescales and doc["masked_rows"] == 0
+    assert doc["rescales"] == res.counters.rescales and doc["masked_rows"] == 0
     for key in ("max_abs_err", "max_rel_err", "max_lse_err"):
         assert doc[key] == pytest.approx(errs[key], rel=1e-12)
     steps = doc["trace"]["steps"]
     assert len(steps) == 3
     assert steps[0]["m_prev"] == "-inf" and steps[0]["l_prev"] == 0 and steps[0]["scale"] == 0
-    for got, want in zip(steps, res.trace, strict=True):
+    for got, want in zip(steps, res.trace.steps, strict=True):
         assert (got["start"], got["stop"]) == (want.start, want.stop)
         assert got["m"] == want.m and got["scale"] == want.alpha and got["l"] == want.l
         assert got["m"] >= (want.m_prev if math.isfinite(want.m_prev) else -1e300)

@@ -300,7 +300,7 @@ def test_api_kernel():
     rep = check(q, k, v, o, dtype="bf16", layout="bnhd", kernel="fa4")
     assert rep.kernel == "fa4" and rep.passed
     res = run_kernel(q, k, v, kernel="fa4", dtype="bf16", layout="bnhd", trace_at=None)
-    assert res.kernel == "fa4"
+    assert res.options.kernel == "fa4"
     with pytest.raises(ValueError, match="fa4-sm100"):
         assert_attention_close(o, q, k, v, dtype="bf16", kernel="fa3")
 

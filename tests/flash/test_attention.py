@@ -86,16 +86,16 @@ def test_matches_reference(t, s, d, dv, bq, bk, causal, form):
     ref_out, ref_lse = reference(q, k, v, causal=causal)
     assert res.out.shape == (t, dv) and res.lse.shape == (t,)
     assert res.out.dtype == np.float64
-    assert (res.block_q, res.block_k) == (bq, bk)
-    assert res.scale == 1 / math.sqrt(d)
-    assert res.tiles_total == -(-t // bq) * -(-s // bk)
-    assert res.tiles_computed + res.tiles_skipped == res.tiles_total
+    assert (res.tiles.block_q, res.tiles.block_k) == (bq, bk)
+    assert res.options.softmax_scale == 1 / math.sqrt(d)
+    assert res.tiles.total == -(-t // bq) * -(-s // bk)
+    assert res.tiles.computed + res.tiles.skipped == res.tiles.total
     close(res.out, ref_out)
     close(res.lse, ref_lse)
     errs = errors(res, ref_out, ref_lse)
     assert errs["max_abs_err"] < ATOL and errs["max_lse_err"] < ATOL
     # bottom-right causal with t > s leaves the first t - s rows without keys
-    assert res.masked_rows == (max(0, t - s) if causal else 0)
+    assert res.counters.masked_rows == (max(0, t - s) if causal else 0)
     assert not np.isnan(res.out).any() and not np.isnan(res.lse).any()
 
 
@@ -116,14 +116,14 @@ def test_default_tiles_follow_fa2():
     for d, want in ((1, (128, 128)), (64, (128, 128)), (65, (128, 64)), (111, (128, 64))):
         q, k, v = qkv(3, 4, d)
         res = attention(q, k, v)
-        assert (res.block_q, res.block_k) == want
+        assert (res.tiles.block_q, res.tiles.block_k) == want
 
 
 def test_user_scale_replaces_default():
     q, k, v = qkv(6, 9, 4)
     res = attention(q, k, v, scale=0.3, block_k=4)
     want, want_lse = oracle(q, k, v, np.ones((6, 9), bool), scale=0.3)
-    assert res.scale == 0.3
+    assert res.options.softmax_scale == 0.3
     close(res.out, want)
     close(res.lse, want_lse)
 
@@ -169,7 +169,7 @@ def test_causal_against_hand_oracle(t, s, align, bq, bk, form):
     close(res.out, want)
     close(res.lse, want_lse)
     empty = ~keep.any(axis=1)
-    assert res.masked_rows == int(empty.sum())
+    assert res.counters.masked_rows == int(empty.sum())
     assert (res.out[empty] == 0).all()
     assert np.isneginf(res.lse[empty]).all()
 
@@ -181,7 +181,7 @@ def test_t5_s2_bottom_right_first_three_rows_are_empty():
     """
     q, k, v = qkv(5, 2, 2, dv=3, seed=5)
     res = attention(q, k, v, causal=True, block_q=2, block_k=1)
-    assert res.masked_rows == 3
+    assert res.counters.masked_rows == 3
     assert res.out[:3].tolist() == [[0.0] * 3] * 3
     assert np.isneginf(res.lse[:3]).all()
     close(res.out[3], v[0], atol=1e-15)
@@ -222,7 +222,7 @@ def test_window_against_hand_oracle(window, t, s, align):
     res = attention(q, k, v, window=window, causal_align=align, block_q=3, block_k=2)
     close(res.out, want)
     close(res.lse, want_lse)
-    assert res.masked_rows == int((~keep.any(axis=1)).sum())
+    assert res.counters.masked_rows == int((~keep.any(axis=1)).sum())
     ref_out, _ = reference(q, k, v, window=window, causal_align=align)
     close(res.out, ref_out)
 
@@ -241,7 +241,7 @@ def test_window_skips_tiles_outside_the_band():
     r-1 and r: 1 + 2 + 2 + 2 = 7 computed, 9 skipped."""
     q, k, v = qkv(256, 256, 4)
     res = attention(q, k, v, window=(64, 0), block_q=64, block_k=64)
-    assert (res.tiles_computed, res.tiles_skipped) == (7, 9)
+    assert (res.tiles.computed, res.tiles.skipped) == (7, 9)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_fully_masked_rows_every_lse_mode(masked_lse, want, form):
     keep = np.ones((6, 7), bool)
     keep[[1, 4]] = False
     res = attention(q, k, v, mask=keep, masked_lse=masked_lse, block_q=4, block_k=3, form=form)
-    assert res.masked_rows == 2 and res.masked_lse == masked_lse
+    assert res.counters.masked_rows == 2 and res.options.masked_lse == masked_lse
     assert (res.out[[1, 4]] == 0).all()
     assert res.lse[1] == want and res.lse[4] == want
     assert not np.isnan(res.out).any() and not np.isnan(res.lse).any()
@@ -275,7 +275,7 @@ def test_float_minus_inf_mask_rows_are_fully_masked(masked_lse):
     bias = np.zeros((4, 5))
     bias[2] = -np.inf
     res = attention(q, k, v, mask=bias, masked_lse=masked_lse, block_k=2)
-    assert res.masked_rows == 1
+    assert res.counters.masked_rows == 1
     assert (res.out[2] == 0).all()
     assert res.lse[2] == {"neg-inf": -np.inf, "pos-inf": np.inf, "zero": 0.0}[masked_lse]
     assert not np.isnan(res.out).any()
@@ -288,7 +288,7 @@ def test_large_finite_mask_is_not_a_mask():
     bias = np.zeros((2, 4))
     bias[0] = np.finfo(np.float32).min
     res = attention(q, k, v, mask=bias, block_k=2)
-    assert res.masked_rows == 0
+    assert res.counters.masked_rows == 0
     close(res.out[0], v.mean(axis=0))
 
 
@@ -344,8 +344,8 @@ def test_mask_hiding_whole_tiles_skips_them(as_float):
     mask = np.where(keep, 0.0, -np.inf) if as_float else keep
     plain = attention(q, k, v, block_q=32, block_k=32)
     res = attention(q, k, v, mask=mask, block_q=32, block_k=32)
-    assert (plain.tiles_computed, plain.tiles_skipped) == (16, 0)
-    assert (res.tiles_computed, res.tiles_skipped) == (8, 8)
+    assert (plain.tiles.computed, plain.tiles.skipped) == (16, 0)
+    assert (res.tiles.computed, res.tiles.skipped) == (8, 8)
     close(res.out, oracle(q, k, v, keep)[0])
 
 
@@ -354,10 +354,10 @@ def test_mask_hides_a_tile_only_if_every_head_hides_it():
     keep = np.ones((2, 8, 8), bool)
     keep[0, :, :4] = False  # head 0 hides K tile 0, head 1 does not
     res = attention(q, k, v, mask=keep, block_q=8, block_k=4)
-    assert (res.tiles_computed, res.tiles_skipped) == (2, 0)
+    assert (res.tiles.computed, res.tiles.skipped) == (2, 0)
     keep[1, :, :4] = False
     res = attention(q, k, v, mask=keep, block_q=8, block_k=4)
-    assert (res.tiles_computed, res.tiles_skipped) == (1, 1)
+    assert (res.tiles.computed, res.tiles.skipped) == (1, 1)
 
 
 def test_mask_with_causal_and_window_combine():
@@ -386,8 +386,8 @@ def test_mask_with_causal_and_window_combine():
 def test_causal_tile_counts(t, s, align, counts):
     q, k, v = qkv(t, s, 8, seed=53)
     res = attention(q, k, v, causal=True, causal_align=align, block_q=64, block_k=64)
-    assert (res.tiles_computed, res.tiles_skipped) == counts
-    assert res.tiles_total == sum(counts)
+    assert (res.tiles.computed, res.tiles.skipped) == counts
+    assert res.tiles.total == sum(counts)
     close(res.out, reference(q, k, v, causal=True, causal_align=align)[0])
 
 
@@ -430,7 +430,7 @@ def test_layout_bnhd_is_the_transpose(causal):
     assert b.out.shape == (2, 9, 4, 3) and b.lse.shape == (2, 4, 9)  # LSE: FA's (B, H, N)
     close(b.out, a.out.transpose(0, 2, 1, 3), atol=1e-15)
     close(b.lse, a.lse, atol=1e-15)
-    assert [s.m for s in a.trace] == pytest.approx([s.m for s in b.trace], abs=1e-15)
+    assert [s.m for s in a.trace.steps] == pytest.approx([s.m for s in b.trace.steps], abs=1e-15)
     ref_out, ref_lse = reference(tq, tk, tv, causal=causal, layout="bnhd")
     close(b.out, ref_out)
     close(b.lse, ref_lse)
@@ -456,7 +456,7 @@ def test_input_ranks_two_three_four():
     assert (r4.out.shape, r4.lse.shape) == ((1, 1, 6, 2), (1, 1, 6))
     assert (r3.out[0] == r2.out).all() and (r4.out[0, 0] == r2.out).all()
     assert (r3.lse[0] == r2.lse).all() and (r4.lse[0, 0] == r2.lse).all()
-    assert r2.shape_q == (6, 4) and r3.shape_k == (1, 8, 4) and r4.shape_v == (1, 1, 8, 2)
+    assert r2.shapes.q == (6, 4) and r3.shapes.k == (1, 8, 4) and r4.shapes.v == (1, 1, 8, 2)
 
 
 def test_lists_and_mixed_precision_inputs():
@@ -501,7 +501,7 @@ def test_tiles_and_layouts_do_not_change_the_result(t, s, d, dv, heads, b, bq, b
     close(lse, ref_lse)
     close(out, base.out)
     close(lse, base.lse)
-    assert res.masked_rows == base.masked_rows
+    assert res.counters.masked_rows == base.counters.masked_rows
     assert not np.isnan(out).any()
 
 
@@ -528,8 +528,8 @@ def test_trace_by_hand(form):
     One rescale: tile 1 moved a finite m (the first tile's move from -inf does not count).
     """
     res = attention(HAND_Q, HAND_K, HAND_V, scale=1.0, block_k=2, form=form)
-    assert isinstance(res, Attention) and res.traced == (0, 0, 0)
-    first, second = res.trace
+    assert isinstance(res, Attention) and res.trace.at == (0, 0, 0)
+    first, second = res.trace.steps
     assert isinstance(first, Step)
     assert (first.block, first.start, first.stop, first.masked) == (0, 0, 2, False)
     assert (second.block, second.start, second.stop, second.masked) == (1, 2, 4, False)
@@ -556,17 +556,17 @@ def test_trace_by_hand(form):
 
     close(res.out[0], o_final / l_final, atol=1e-15)
     close(res.out[0], [1.4070314, 0.2689414], atol=5e-8)
-    close(res.trace_out, res.out[0], atol=0)
+    close(res.trace.out, res.out[0], atol=0)
     assert res.lse[0] == pytest.approx(3 + math.log(l_final), rel=1e-15)
     assert res.lse[0] == pytest.approx(3.4401897, abs=5e-8)
-    assert res.rescales == 1
-    assert (res.tiles_computed, res.tiles_skipped) == (2, 0)
+    assert res.counters.rescales == 1
+    assert (res.tiles.computed, res.tiles.skipped) == (2, 0)
 
 
 def test_trace_keeps_first_three_components_of_o():
     q, k, v = qkv(3, 5, 4, dv=6, seed=83)
     res = attention(q, k, v, block_k=5, trace_at=(0, 0, 2))
-    (step,) = res.trace
+    (step,) = res.trace.steps
     assert step.o.shape == (3,)
     # one tile: O is the unnormalised sum, out = O / l
     close(step.o / step.l, res.out[2, :3], atol=1e-15)
@@ -579,27 +579,27 @@ def test_causal_trace_marks_skipped_tiles():
     skipped and leave m and l as they were (α shown as 1). Query 7 skips none."""
     q, k, v = qkv(8, 8, 4, seed=89)
     res = attention(q, k, v, causal=True, block_q=2, block_k=2, trace_at=(0, 0, 1))
-    assert [s.masked for s in res.trace] == [False, True, True, True]
-    assert [s.block for s in res.trace] == [0, 1, 2, 3]
-    first = res.trace[0]
+    assert [s.masked for s in res.trace.steps] == [False, True, True, True]
+    assert [s.block for s in res.trace.steps] == [0, 1, 2, 3]
+    first = res.trace.steps[0]
     assert first.m == pytest.approx(max(q[1] @ k[0], q[1] @ k[1]) / 2, rel=1e-15)
-    for s in res.trace[1:]:
+    for s in res.trace.steps[1:]:
         assert s.block_max == -math.inf and s.alpha == 1.0
         assert (s.m_prev, s.m, s.l_prev, s.l) == (first.m, first.m, first.l, first.l)
-    assert (res.tiles_computed, res.tiles_skipped) == (10, 6)
+    assert (res.tiles.computed, res.tiles.skipped) == (10, 6)
     last = attention(q, k, v, causal=True, block_q=2, block_k=2, trace_at=(0, 0, 7))
-    assert [s.masked for s in last.trace] == [False] * 4
+    assert [s.masked for s in last.trace.steps] == [False] * 4
 
 
 def test_trace_row_selects_batch_head_query():
     q, k, v = qkv(5, 6, 3, heads=(4, 2), b=2, seed=97)
     res = attention(q, k, v, block_k=6, trace_at=(1, 3, 4))
-    assert res.traced == (1, 3, 4)
-    close(res.trace_out, res.out[1, 3, 4], atol=0)
-    (step,) = res.trace
+    assert res.trace.at == (1, 3, 4)
+    close(res.trace.out, res.out[1, 3, 4], atol=0)
+    (step,) = res.trace.steps
     # head 3 reads kv head 1
     assert step.m == pytest.approx(np.max(q[1, 3, 4] @ k[1, 1].T) / math.sqrt(3), rel=1e-15)
-    assert attention(q, k, v, trace_at=None).trace == ()
+    assert attention(q, k, v, trace_at=None).trace.steps == ()
 
 
 def test_summary_is_strict_json_with_the_trace():
@@ -738,7 +738,7 @@ def test_empty_queries():
     _, k, v = qkv(3, 4, 2)
     res = attention(np.zeros((0, 2)), k, v, trace_at=None)
     assert res.out.shape == (0, 2) and res.lse.shape == (0,)
-    assert (res.tiles_computed, res.tiles_skipped, res.masked_rows) == (0, 0, 0)
+    assert (res.tiles.computed, res.tiles.skipped, res.counters.masked_rows) == (0, 0, 0)
     ref_out, ref_lse = reference(np.zeros((0, 2)), k, v)
     assert ref_out.shape == (0, 2) and ref_lse.shape == (0,)
 

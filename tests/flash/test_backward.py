@@ -155,7 +155,7 @@ def test_tiled_backward_equals_the_closed_form(hk, g, t, s, bq, bk, causal, alig
         assert not np.isnan(got).any()
         np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
     fwd = attention(q, k, v, block_q=bq, block_k=bk, causal=causal, causal_align=align)
-    assert (res.tiles_computed, res.tiles_skipped) == (fwd.tiles_computed, fwd.tiles_skipped)
+    assert (res.tiles.computed, res.tiles.skipped) == (fwd.tiles.computed, fwd.tiles.skipped)
 
 
 @pytest.mark.parametrize("marker", [-np.inf, np.inf, 0.0])
@@ -166,7 +166,7 @@ def test_any_masked_row_lse_convention_gives_the_same_gradients(marker):
     fwd = attention(q, k, v, causal=True)
     lse = np.where(np.isneginf(fwd.lse), marker, fwd.lse)
     res = attention_backward(q, k, v, do, out=fwd.out, lse=lse, causal=True)
-    assert res.masked_rows == (0 if marker == 0.0 else 6)
+    assert res.counters.masked_rows == (0 if marker == 0.0 else 6)
     for got, want in zip((res.dq, res.dk, res.dv), reference_backward(q, k, v, do, causal=True),
                          strict=True):
         np.testing.assert_allclose(got, want, atol=1e-13, rtol=0)
@@ -189,19 +189,20 @@ def test_traces_end_at_the_written_rows():
     q, k, v, do = qkvdo(hq=4, hk=2, t=7, s=9)
     res = attention_backward(q, k, v, do, block_q=2, block_k=2, causal=True,
                              trace_at=(0, 3, 5), trace_key=4)
-    assert res.kv_head == 1 and res.group == 2
-    assert [s.block for s in res.key_trace] == [0, 1, 2, 3]
-    assert [s.block for s in res.query_trace] == [0, 1, 2, 3, 4]
-    assert res.key_trace[-1].dk_norm == pytest.approx(np.linalg.norm(res.dk[0, 1, 4]), rel=1e-13)
-    assert res.key_trace[-1].dv_norm == pytest.approx(np.linalg.norm(res.dv[0, 1, 4]), rel=1e-13)
-    assert res.query_trace[-1].dq_norm == pytest.approx(np.linalg.norm(res.dq[0, 3, 5]),
+    assert res.trace.kv_head == 1 and res.trace.group == 2
+    assert [s.block for s in res.trace.key_steps] == [0, 1, 2, 3]
+    assert [s.block for s in res.trace.steps] == [0, 1, 2, 3, 4]
+    last = res.trace.key_steps[-1]
+    assert last.dk_norm == pytest.approx(np.linalg.norm(res.dk[0, 1, 4]), rel=1e-13)
+    assert last.dv_norm == pytest.approx(np.linalg.norm(res.dv[0, 1, 4]), rel=1e-13)
+    assert res.trace.steps[-1].dq_norm == pytest.approx(np.linalg.norm(res.dq[0, 3, 5]),
                                                         rel=1e-13)
-    assert sum(s.ds_sum for s in res.query_trace) == pytest.approx(0.0, abs=1e-12)
+    assert sum(s.ds_sum for s in res.trace.steps) == pytest.approx(0.0, abs=1e-12)
     # bottom-right causal with t = 7, s = 9: query i sees keys j <= i + 2. Key 4's tile (keys
     # 4:6) is hidden from Q tile 0 (queries 0, 1); query 5's Q tile (4, 5) sees no key of 8:9
-    assert [s.masked for s in res.key_trace] == [True, False, False, False]
-    assert [s.masked for s in res.query_trace] == [False, False, False, False, True]
-    assert res.key_trace[0].p_max == 0 and res.key_trace[0].dk_norm == 0
+    assert [s.masked for s in res.trace.key_steps] == [True, False, False, False]
+    assert [s.masked for s in res.trace.steps] == [False, False, False, False, True]
+    assert res.trace.key_steps[0].p_max == 0 and res.trace.key_steps[0].dk_norm == 0
 
 
 def test_bad_inputs_name_the_problem():
@@ -234,7 +235,7 @@ def test_flash_backward_model_rounds_like_a_kernel(dtype):
     arrays = {n: rand(1, 4, 96, 64, seed=i).astype(np.float32) for i, n in enumerate("QKVD")}
     (q, k, v, do), _ = round_inputs(arrays, DTYPES[dtype])
     res = flash_backward(m, q, k, v, do, trace_at=None)
-    assert res.own_forward and (res.block_q, res.block_k) == (128, 128)
+    assert res.own_forward and (res.tiles.block_q, res.tiles.block_k) == (128, 128)
     refs = reference_backward(q, k, v, do)
     pts = plain_backward(q, k, v, do, DTYPES[dtype])
     for got, ref, pt in zip((res.dq, res.dk, res.dv), refs, pts, strict=True):

@@ -11,8 +11,6 @@ The reference's two forms must agree the same way, chunk by chunk.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -29,23 +27,24 @@ from osm_cli.precision.model import hooks_for, model, run
 
 
 def same(a: Attention, b: Attention) -> None:
-    """Every field of two runs identical: arrays bit for bit (and of one dtype), steps field by
-    field (their o arrays bit for bit)."""
+    """Every field of two runs identical: arrays bit for bit (and of one dtype), the run's
+    sub-records equal, each traced row's steps field by field (their o arrays bit for bit)."""
     for name in Attention.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
-        if name == "traces":  # each traced row's steps, as "trace" (the first row's) below
-            assert len(x) == len(y)
-            for ta, tb in zip(x, y, strict=True):
-                same(replace(a, trace=ta, traces=()), replace(b, trace=tb, traces=()))
-        elif name == "trace":
-            assert len(x) == len(y)
-            for sa, sb in zip(x, y, strict=True):
-                for field in sa.__dataclass_fields__:
-                    fa, fb = getattr(sa, field), getattr(sb, field)
-                    if isinstance(fa, np.ndarray) or isinstance(fb, np.ndarray):
-                        assert np.array_equal(fa, fb), (name, field)
-                    else:
-                        assert fa == fb or (fa != fa and fb != fb), (field, fa, fb)
+        if name == "trace":
+            assert (x.at, x.queries, len(x.rows)) == (y.at, y.queries, len(y.rows))
+            assert (x.outs is None) == (y.outs is None)
+            if x.outs is not None:
+                assert x.outs.dtype == y.outs.dtype and np.array_equal(x.outs, y.outs)
+            for ra, rb in zip(x.rows, y.rows, strict=True):
+                assert len(ra) == len(rb)
+                for sa, sb in zip(ra, rb, strict=True):
+                    for field in sa.__dataclass_fields__:
+                        fa, fb = getattr(sa, field), getattr(sb, field)
+                        if isinstance(fa, np.ndarray) or isinstance(fb, np.ndarray):
+                            assert np.array_equal(fa, fb), (name, field)
+                        else:
+                            assert fa == fb or (fa != fa and fb != fb), (field, fa, fb)
         elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
             assert x.dtype == y.dtype and np.array_equal(x, y), name
         else:
@@ -92,7 +91,7 @@ def test_fused_is_the_textbook_loop(b, hq, hk, t, s, d, dv, bq, bk, masks, dtype
                               rng.standard_normal((t, s))).astype(dtype)
     fused, textbook = both(q, k, v, **kw)
     same(fused, textbook)
-    assert fused.tiles_computed + fused.tiles_skipped == fused.tiles_total
+    assert fused.tiles.computed + fused.tiles.skipped == fused.tiles.total
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -129,7 +128,7 @@ def test_fused_untraced_and_masked_rows():
         fused, textbook = both(q, k, v, mask=mask, block_q=8, block_k=16, trace_at=None,
                                masked_lse=masked_lse)
         same(fused, textbook)
-        assert fused.masked_rows == 2 * 2 * 4 and fused.tiles_skipped > 0
+        assert fused.counters.masked_rows == 2 * 2 * 4 and fused.tiles.skipped > 0
 
 
 def test_fused_stacks_unmasked_q_tiles_of_one_head():

@@ -111,7 +111,7 @@ def test_fully_masked_row_with_a_sink():
     q, k, v = rand(1, 6, 4), rand(1, 3, 4, seed=1), rand(1, 3, 2, seed=2)
     res = attention(q, k, v, causal=True, sinks=np.array([0.4]))
     assert (res.out[0, :3] == 0).all() and res.lse[0, :3].tolist() == [0.4] * 3
-    assert res.trace[-1].sink and res.trace[-1].l == pytest.approx(1.0)
+    assert res.trace.steps[-1].sink and res.trace.steps[-1].l == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,8 +139,8 @@ def test_varlen_equals_its_sequences_one_by_one():
         np.testing.assert_allclose(res.lse[:, qs], want_lse, atol=1e-13)
     # sequence 3 has queries and no keys: O = 0, LSE = the sink
     assert (res.out[8:] == 0).all() and np.allclose(res.lse[:, 8:], kw["sinks"][:, None])
-    assert res.batch.startswith("varlen: 4 sequences")
-    assert [s.block for s in res.trace] == [0, 1, 2, -1]  # sequence 2's query 4, then the sink
+    assert res.options.batch.startswith("varlen: 4 sequences")
+    assert [s.block for s in res.trace.steps] == [0, 1, 2, -1]  # sequence 2's query 4, the sink
 
 
 def test_one_varlen_sequence_is_the_dense_call():
@@ -177,7 +177,7 @@ def test_shuffled_pages_trace_their_physical_pages():
     table = np.array([[3, 0, 4]])
     res = attention(rand(1, 2, 1, 4), k, k[..., :3], page_table=table, seqused_k=np.array([10]),
                     block_k=6, trace_at=(0, 0, 1))
-    assert [s.pages for s in res.trace] == [(3, 0), (0, 4)]
+    assert [s.pages for s in res.trace.steps] == [(3, 0), (0, 4)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def test_fixed_options_equal_their_mod_forms(name):
         a = attention(q, k, v, block_q=16, block_k=16, fused=fused, **fixed)
         b = attention(q, k, v, block_q=16, block_k=16, fused=fused, **mod)
         _same(a, b)
-        assert (a.tiles_computed, a.tiles_skipped) == (b.tiles_computed, b.tiles_skipped)
+        assert (a.tiles.computed, a.tiles.skipped) == (b.tiles.computed, b.tiles.skipped)
     ga = attention_backward(q, k, v, do, block_q=16, block_k=16, **fixed)
     gb = attention_backward(q, k, v, do, block_q=16, block_k=16, **mod)
     for x, y in zip((ga.dq, ga.dk, ga.dv), (gb.dq, gb.dk, gb.dv), strict=True):
@@ -62,7 +62,7 @@ def test_fixed_options_equal_their_mod_forms(name):
     ra, rb = reference(q, k, v, ScoreOptions(**fixed)), reference(q, k, v, ScoreOptions(**mod))
     assert np.array_equal(ra[0], rb[0])
     if "mask_mod" in mod:
-        assert b.tiles_partial == 7 + (6 if name == "window" else 0)  # the diagonal (+ edge)
+        assert b.tiles.partial == 7 + (6 if name == "window" else 0)  # the diagonal (+ edge)
 
 
 def test_document_mask_block_kinds_are_counted_and_only_partial_tiles_masked():
@@ -80,10 +80,10 @@ def test_document_mask_block_kinds_are_counted_and_only_partial_tiles_masked():
             tile = seen[i0:i0 + 16, j0:j0 + 16]
             kinds["full" if tile.all() else "partial" if tile.any() else "skip"] += 1
     assert kinds == {"skip": 33, "full": 1, "partial": 15}
-    assert (res.tiles_skipped, res.tiles_computed - res.tiles_partial, res.tiles_partial) == (
+    assert (res.tiles.skipped, res.tiles.computed - res.tiles.partial, res.tiles.partial) == (
         kinds["skip"], kinds["full"], kinds["partial"])
     # row 60 is in the document at 41:70: K/V tiles 2 (keys 41:48 of 32:48) and 3 (causal)
-    assert [(st.block, st.kind) for st in res.trace if not st.masked] == [
+    assert [(st.block, st.kind) for st in res.trace.steps if not st.masked] == [
         (2, "partial"), (3, "partial")]
     ref, lse = reference(q, k, v, ScoreOptions(mask_mod=mm))
     assert np.allclose(res.out, ref, rtol=0, atol=1e-14)
@@ -108,7 +108,7 @@ def test_backward_through_a_score_mod_exact_grad_companion_or_differences():
     for fn, how, tol in ((with_grad, "exact", 1e-14), (capped, "finite differences", 1e-9)):
         tiled = attention_backward(q, k, v, do, score_mod=fn, mask_mod=mm, block_q=16,
                                    block_k=32)
-        assert f"score_mod {fn.__name__} ({how} derivative)" in tiled.mods
+        assert f"score_mod {fn.__name__} ({how} derivative)" in tiled.options.mods
         ref = reference_backward(q, k, v, do, ScoreOptions(score_mod=fn, mask_mod=mm))
         for x, y, z in zip((tiled.dq, tiled.dk, tiled.dv), ref, exact, strict=True):
             assert np.allclose(x, y, rtol=0, atol=1e-13)
@@ -202,7 +202,7 @@ def test_presets_run_a_mask_mod(kernel):
     mod = run_flash(model("bf16"), q, k, v, mask_mod=mods.causal(), **kw)
     assert np.allclose(band.out, mod.out, rtol=0, atol=1e-6)
     assert np.allclose(band.lse, mod.lse, rtol=0, atol=1e-5)
-    assert (band.tiles_computed, band.tiles_skipped) == (mod.tiles_computed, mod.tiles_skipped)
-    assert mod.tiles_partial == band.tiles_partial > 0
-    kinds = [s.kind for s in mod.trace if not s.masked and not s.sink]
+    assert (band.tiles.computed, band.tiles.skipped) == (mod.tiles.computed, mod.tiles.skipped)
+    assert mod.tiles.partial == band.tiles.partial > 0
+    kinds = [s.kind for s in mod.trace.steps if not s.masked and not s.sink]
     assert "partial" in kinds and set(kinds) <= {"full", "partial"}  # FA visits them last first

@@ -46,13 +46,13 @@ def test_each_row_is_its_own_one_row_trace(qkv, fused):
     rows = [5, 0, 15, 8]  # out of order, across Q tiles of 4
     tiling = Tiling(block_q=4, block_k=4, fused=fused)
     many = attention(q, k, v, causal=True, tiling=tiling, trace_at=(1, 2, rows))
-    assert many.queries == tuple(rows) and many.traced == (1, 2, 5)
+    assert many.trace.queries == tuple(rows) and many.trace.at == (1, 2, 5)
     for n, qi in enumerate(rows):
         one = attention(q, k, v, causal=True, tiling=tiling, trace_at=(1, 2, qi))
-        same_steps(one.trace, many.traces[n])
-        assert {s.query for s in many.traces[n]} == {qi}
-        assert np.array_equal(one.trace_out, many.trace_outs[n])
-    same_steps(many.trace, many.traces[0])
+        same_steps(one.trace.steps, many.trace.rows[n])
+        assert {s.query for s in many.trace.rows[n]} == {qi}
+        assert np.array_equal(one.trace.out, many.trace.outs[n])
+    same_steps(many.trace.steps, many.trace.rows[0])
 
 
 def test_a_kernel_presets_loop_and_a_varlen_batch_trace_rows_alike(qkv):
@@ -67,8 +67,8 @@ def test_a_kernel_presets_loop_and_a_varlen_batch_trace_rows_alike(qkv):
     for n, qi in enumerate(range(6, 10)):
         one = run_kernel(q, k, v, kernel="fa4", causal=True, block_k=8, learnable_sink=sink,
                          trace_at=(0, 1, qi))
-        same_steps(one.trace, many.traces[n])
-        assert many.traces[n][-1].sink  # each row's sink joins its own l
+        same_steps(one.trace.steps, many.trace.rows[n])
+        assert many.trace.rows[n][-1].sink  # each row's sink joins its own l
     import osm_cli
 
     cu = np.array([0, 10, 40])
@@ -78,7 +78,8 @@ def test_a_kernel_presets_loop_and_a_varlen_batch_trace_rows_alike(qkv):
           "layout": "bnhd"}
     many = osm_cli.attention(q, k, v, trace_at=(1, 1, [0, 29]), **kw)
     for n, qi in enumerate([0, 29]):
-        same_steps(osm_cli.attention(q, k, v, trace_at=(1, 1, qi), **kw).trace, many.traces[n])
+        same_steps(osm_cli.attention(q, k, v, trace_at=(1, 1, qi), **kw).trace.steps,
+                   many.trace.rows[n])
 
 
 def test_backward_traces_each_query_row(qkv):
@@ -86,12 +87,12 @@ def test_backward_traces_each_query_row(qkv):
     do = qkv(16, 16, 4, heads=(4, 2), b=2, seed=7)[0]
     kw = {"causal": True, "block_q": 4, "block_k": 4, "trace_key": 5}
     many = attention_backward(q, k, v, do, trace_at=(1, 3, [2, 9, 15]), **kw)
-    assert many.queries == (2, 9, 15)
+    assert many.trace.queries == (2, 9, 15)
     for n, qi in enumerate([2, 9, 15]):
         one = attention_backward(q, k, v, do, trace_at=(1, 3, qi), **kw)
-        assert one.query_trace == many.query_traces[n]  # GradSteps hold floats only
-        assert {s.query for s in one.query_trace} == {qi}
-        assert one.key_trace == many.key_trace
+        assert one.trace.steps == many.trace.rows[n]  # GradSteps hold floats only
+        assert {s.query for s in one.trace.steps} == {qi}
+        assert one.trace.key_steps == many.trace.key_steps
 
 
 @pytest.mark.parametrize("trace_at, says", [

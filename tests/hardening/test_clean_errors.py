@@ -437,4 +437,4 @@ def test_trace_norm_of_a_huge_output():
     """‖O‖ of the trace is computed without overflow on the way."""
     with numpy_warnings_raise():
         res = osm_cli.attention(np.zeros((1, 1)), np.zeros((1, 1)), np.full((1, 1), 1e300))
-    assert res.trace[-1].o_norm == pytest.approx(1e300)
+    assert res.trace.steps[-1].o_norm == pytest.approx(1e300)

@@ -192,14 +192,14 @@ def test_trace_order_last_to_first():
     rng = np.random.default_rng(1)
     q, k, v = (_as(rng.normal(size=(1, 212, n, 16)), ml_dtypes.bfloat16) for n in (64, 512, 512))
     fa2 = run_flash(model("bf16"), q, k, v, kernel="fa2")
-    assert fa2.splits == 1
-    assert [(st.block, st.start, st.stop) for st in fa2.trace] == [
+    assert fa2.options.splits == 1
+    assert [(st.block, st.start, st.stop) for st in fa2.trace.steps] == [
         (3, 384, 512), (2, 256, 384), (1, 128, 256), (0, 0, 128)]
     q, k, v = _bf16_inputs(t=4, s=512)
     fa4 = run_flash(model("bf16"), q, k, v, kernel="fa4")
-    assert [st.block for st in fa4.trace] == [3, 2, 1, 0]
+    assert [st.block for st in fa4.trace.steps] == [3, 2, 1, 0]
     tiles = run_flash(model("bf16"), q, k, v, kernel="tiles", block_k=128)
-    assert [st.block for st in tiles.trace] == [0, 1, 2, 3]
+    assert [st.block for st in tiles.trace.steps] == [0, 1, 2, 3]
 
 
 # --- the captured kernels (samples/kernels, one H200) ------------------------------------------
@@ -254,7 +254,7 @@ def test_fp8_saturation(tau):
                     descale=desc)
     err_o = float(np.abs(res.out - ref).max())
     assert float(np.abs(res.lse - ref_lse).max()) < 1e-5  # the LSE is exact either way
-    steps = [st for st in res.trace if not st.sink]
+    steps = [st for st in res.trace.steps if not st.sink]
     if tau == 0.0:  # offset + τ = 8 < log2 448: m moves with every tile, P ≤ 256
         assert err_o < 0.02
         assert all(st.m == st.block_max for st in steps)
@@ -303,7 +303,6 @@ def test_stacked_q_tiles_change_nothing_a_user_sees(monkeypatch, kernel, causal,
     monkeypatch.setattr(plan_module, "STACK_ROWS", 0)
     single = run_flash(model("bf16"), q, k, v, **kw)
     assert np.array_equal(stacked.out, single.out) and np.array_equal(stacked.lse, single.lse)
-    assert [repr(s) for s in stacked.trace] == [repr(s) for s in single.trace]
-    for name in ("tiles_computed", "tiles_skipped", "row_visits", "rescales", "tiles_total"):
-        assert getattr(stacked, name) == getattr(single, name), name
-    assert any(s.masked for s in single.trace) == bool(causal or window)
+    assert [repr(s) for s in stacked.trace.steps] == [repr(s) for s in single.trace.steps]
+    assert (stacked.tiles, stacked.counters) == (single.tiles, single.counters)
+    assert any(s.masked for s in single.trace.steps) == bool(causal or window)

@@ -181,8 +181,8 @@ def test_naive_model_is_plain_attention_with_the_run_record():
     res = run_naive(m, q, k, v, causal=True, trace_at=(0, 1, 2))
     out, _ = plain(q, k, v, F16, causal=True)
     np.testing.assert_array_equal(res.out, out)
-    np.testing.assert_array_equal(res.trace_out, out[1, 2])
-    assert (res.tiles_computed, res.one_shot) == (0, True)
+    np.testing.assert_array_equal(res.trace.out, out[1, 2])
+    assert (res.tiles.computed, res.options.one_shot) == (0, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_fa2_schedule_with_splits_is_still_attention(causal):
     kw = dict(kernel="fa2", trace_at=None, causal=causal, causal_align="top-left")
     split = run_flash(m, q, k, v, **kw)
     whole = run_flash(m, q, k, v, sms=1, **kw)
-    assert (split.splits, whole.splits) == (3, 1)
+    assert (split.options.splits, whole.options.splits) == (3, 1)
     ref, ref_lse = att.reference(q, k, v, causal=causal, causal_align="top-left")
     u = ulp(np.abs(ref).max(axis=-1, keepdims=True), BF16)
     assert np.abs(split.out - ref).max() <= 1.1 * u.max()

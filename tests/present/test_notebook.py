@@ -77,7 +77,7 @@ def test_several_rows_show_side_by_side():
     assert "**queries 4, 5 of batch 0, head 0: dQ_i over the K/V tiles" in md
     lines = [ln for ln in md.splitlines() if ln.startswith("|   |   | 5 |")]
     assert len(lines) == 4 and lines[-1].endswith(
-        f"| {g.query_traces[1][-1].dq_norm:.8g} |")
+        f"| {g.trace.rows[1][-1].dq_norm:.8g} |")
 
 
 def test_check_shows_its_verdicts():

@@ -105,7 +105,7 @@ def test_attention_page_is_the_records(tmp_path):
         q, k, v = z["q"], z["k"], z["v"]
     res = osm_cli.attention(q, k, v, causal=True, block_q=4, block_k=2, trace_at=(0, 1, 2))
     assert [s["sections"][0]["lines"] for s in doc["steps"]] == [
-        attention_step_lines(res.trace, k) for k in range(len(res.trace))]
+        attention_step_lines(res.trace.steps, k) for k in range(len(res.trace.steps))]
     second = doc["steps"][1]
     assert second["lit"] == [0, 4, 2, 4] and second["title"] == "tile 1, keys 2:4"
     assert second["state"][3] == ["l", "1.147522 → 1.265359"]
@@ -116,7 +116,7 @@ def test_attention_page_is_the_records(tmp_path):
     assert m["skip"] == [[False, False, True, True], [False, False, False, False]]
     assert m["cells"][2][:4] == ["0.79", "0.12", "0.09", ""]  # key 3 is hidden from query 2
     # the bytes moved by FA1's Algorithm 1 for one head (float32 inputs: 4 B an element)
-    end = hbm_bytes_flash(8, 4, block_k=2, n_q=8, dtype_bytes=4, row_visits=res.row_visits)
+    end = hbm_bytes_flash(8, 4, block_k=2, n_q=8, dtype_bytes=4, row_visits=res.counters.row_visits)
     assert {s["bytes"]["end"] for s in doc["steps"]} == {end}
     moved = [s["bytes"]["read"] + s["bytes"]["written"] for s in doc["steps"]]
     assert moved == sorted(moved) and moved[-1] < end  # Q tile 1 meets the tiles after Q tile 0
@@ -145,9 +145,9 @@ def test_backward_page_walks_the_loop(tmp_path):
     res = osm_cli.attention_backward(q, k, v, None, do, causal=True, block_q=4, block_k=2,
                                      trace_at=(0, 0, 5), trace_key=3)
     last = dict(doc["steps"][-1]["state"])
-    assert math.isclose(float(last["‖dQ_i‖, query 5"]), res.query_trace[-1].dq_norm,
+    assert math.isclose(float(last["‖dQ_i‖, query 5"]), res.trace.steps[-1].dq_norm,
                         rel_tol=1e-5)
-    assert math.isclose(float(last["‖dK_j‖, key 3"]), res.key_trace[-1].dk_norm, rel_tol=1e-5)
+    assert math.isclose(float(last["‖dK_j‖, key 3"]), res.trace.key_steps[-1].dk_norm, rel_tol=1e-5)
     assert doc["matrix"]["col"] == 3 and doc["matrix"]["row"] == 5
 
 
@@ -169,7 +169,7 @@ def test_attention_page_of_several_rows(tmp_path):
     assert [x["title"] for x in second["sections"]] == [f"query {i}" for i in range(4)]
     for n, step in enumerate(doc["steps"][:2]):
         assert [x["lines"] for x in step["sections"]] == [
-            attention_step_lines(tr, n) for tr in res.traces]
+            attention_step_lines(tr, n) for tr in res.trace.rows]
     assert doc["steps"][2]["sections"] == [{"title": "", "lines": [
         "skipped for every traced row: the mask hides these keys; m, l, O unchanged"]}]
     assert second["lit"] == [0, 4, 2, 4]
@@ -193,9 +193,9 @@ def test_backward_page_shows_each_tiles_arithmetic(tmp_path):
     assert titles == ["key 3, down Q tile 1's rows", "query 4, along K/V tile 1's keys",
                       "query 5, along K/V tile 1's keys"]
     key, q4, q5 = (x["lines"] for x in third["sections"])
-    assert key[:-2] == backward_key_lines(res.key_trace[1], res.scale, 3)
-    assert q4[:-1] == backward_query_lines(res.query_traces[0][1], res.scale)
-    assert q5[:-1] == backward_query_lines(res.query_traces[1][1], res.scale)
+    assert key[:-2] == backward_key_lines(res.trace.key_steps[1], res.options.softmax_scale, 3)
+    assert q4[:-1] == backward_query_lines(res.trace.rows[0][1], res.options.softmax_scale)
+    assert q5[:-1] == backward_query_lines(res.trace.rows[1][1], res.options.softmax_scale)
     assert any(line.startswith("dS = P∘(dP − D)") for line in q4)
     assert "dS[4, 3] = " in "\n".join(key) and "dS[4, 3] = " in "\n".join(q4)
     state = dict(third["state"])

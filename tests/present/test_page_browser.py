@@ -49,7 +49,7 @@ def attention_lines_of_records() -> list[list[str]]:
     with np.load("samples/causal.npz") as z:
         q, k, v = z["q"], z["k"], z["v"]
     res = osm_cli.attention(q, k, v, causal=True, block_q=4, block_k=2, trace_at=(0, 1, 2))
-    return [attention_step_lines(res.trace, n) for n in range(len(res.trace))]
+    return [attention_step_lines(res.trace.steps, n) for n in range(len(res.trace.steps))]
 
 
 def backward_lines_of_records() -> list[list[str]]:
@@ -59,8 +59,8 @@ def backward_lines_of_records() -> list[list[str]]:
     q, k, v, do = (np.load(f"samples/{n}.npy") for n in ("q", "k", "v", "do"))
     res = osm_cli.attention_backward(q, k, v, None, do, causal=True, block_q=4, block_k=2,
                                      trace_at=(0, 0, 5), trace_key=3)
-    return [[*backward_query_lines(s, res.scale), f"‖dQ_i‖ = {g(s.dq_norm, 6)}"]
-            for s in res.query_trace]
+    return [[*backward_query_lines(s, res.options.softmax_scale), f"‖dQ_i‖ = {g(s.dq_norm, 6)}"]
+            for s in res.trace.steps]
 
 
 # command, the page's steps, the records' lines per step (for backward, the page's steps

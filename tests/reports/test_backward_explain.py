@@ -25,9 +25,9 @@ def _run(qkv, **kw):
 
 def test_the_details_are_the_loops_numbers_and_add_up(qkv):
     res, (q, k, v, do) = _run(qkv, causal=True, trace_at=(0, 1, 6), trace_key=3)
-    s = res.scale
+    s = res.options.softmax_scale
     # the query trace: dQ_i after its last tile is the dQ row written; each share adds up
-    steps = [st for st in res.query_trace if not st.masked]
+    steps = [st for st in res.trace.steps if not st.masked]
     for st in steps:
         (name, before, add, after), = st.detail.adds
         assert name == "dQ_i" and np.allclose(before + add, after, rtol=0, atol=1e-15)
@@ -41,7 +41,7 @@ def test_the_details_are_the_loops_numbers_and_add_up(qkv):
     assert np.allclose(steps[0].detail.dp, do[0, 1, 6] @ v[0, 1, j0:j1].T, rtol=1e-12)
     assert np.isclose(steps[0].detail.d[0], do[0, 1, 6] @ res.out[0, 1, 6], rtol=1e-12)
     # the key trace: dV_j and dK_j after the last Q tile are the rows written
-    last = [st for st in res.key_trace if not st.masked][-1].detail
+    last = [st for st in res.trace.key_steps if not st.masked][-1].detail
     (dv_name, *_, dv_after), (dk_name, *_, dk_after) = last.adds
     assert (dv_name, dk_name) == ("dV_j", "dK_j")
     assert np.allclose(dv_after, res.dv[0, 1, 3, :3], rtol=1e-14)
@@ -50,15 +50,15 @@ def test_the_details_are_the_loops_numbers_and_add_up(qkv):
 
 def test_the_lines_show_the_numbers(qkv):
     res, _ = _run(qkv, trace_at=(0, 0, 2), trace_key=1)
-    st = res.query_trace[0]
-    lines = backward_query_lines(st, res.scale)
+    st = res.trace.steps[0]
+    lines = backward_query_lines(st, res.options.softmax_scale)
     det = st.detail
     assert lines[0].startswith("P = exp(S − LSE) = [") and lines[1].startswith("dP = dO_i·V_jᵀ")
     assert f"D = rowsum(dO_i∘O_i) = {det.d[0]:.6g}:" in lines[2]
     want = f"  dS[2, 1] = {det.p[1]:.6g}·({det.dp[1]:.6g} "
     assert any(line.startswith(want) and line.endswith(f" = {det.ds[1]:.6g}") for line in lines)
     assert lines[-3].startswith("  dQ_i[0] = 0 ")
-    key = backward_key_lines(res.key_trace[0], res.scale, 1)
+    key = backward_key_lines(res.trace.key_steps[0], res.options.softmax_scale, 1)
     assert key[0].startswith("P[:, 1] = exp(S − LSE) = [") and "dV_j[0] = 0 " in "\n".join(key)
 
 
@@ -66,8 +66,8 @@ def test_gqa_says_the_sums_run_over_the_heads(qkv):
     q, k, v = qkv(8, 8, 4, heads=(4, 2), b=1)
     do = qkv(8, 8, 4, heads=(4, 2), b=1, seed=5)[0]
     res = attention_backward(q, k, v, do, block_q=4, block_k=2, trace_at=(0, 3, 1), trace_key=2)
-    assert res.key_trace[0].detail.heads == 2
-    lines = backward_key_lines(res.key_trace[0], res.scale, 2)
+    assert res.trace.key_steps[0].detail.heads == 2
+    lines = backward_key_lines(res.trace.key_steps[0], res.options.softmax_scale, 2)
     assert ("  (the sums run over the 2 query heads that read this kv head; the columns above "
             "are the traced head's)") in lines
 

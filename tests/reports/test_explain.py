@@ -124,6 +124,6 @@ def test_attention_lines_first_tile_starts_from_zero():
     q, k, v = (rng.standard_normal((4, 3)) for _ in range(3))
     res = attention(q, k, v, opts=ScoreOptions(), tiling=Tiling(block_q=4, block_k=2),
                     trace_at=(0, 0, 1))
-    first = attention_lines(res.trace[0], None)
-    assert first[1] == f"α = exp(-inf − {res.trace[0].m:.7g}) = 0"
+    first = attention_lines(res.trace.steps[0], None)
+    assert first[1] == f"α = exp(-inf − {res.trace.steps[0].m:.7g}) = 0"
     assert first[4].startswith("  O[0] = 0·0 ")

@@ -89,8 +89,8 @@ def test_attention_report_matches_the_core():
     res = attention(q, k, v, block_q=2, block_k=3, trace_at=(0, 0, 4), **MASK)
     ref_out, ref_lse = reference(q, k, v, **MASK)
     assert np.array_equal(rep.result.out, res.out)
-    steps = [(t.block, t.m, t.l) for t in res.trace]
-    assert [(t.block, t.m, t.l) for t in rep.result.trace] == steps
+    steps = [(t.block, t.m, t.l) for t in res.trace.steps]
+    assert [(t.block, t.m, t.l) for t in rep.result.trace.steps] == steps
     assert rep.errors == errors(res, ref_out, ref_lse) and rep.errors["max_abs_err"] < 1e-14
     np.testing.assert_array_equal(rep.ref_row, ref_out[4])
     assert (rep.model, rep.verdict, rep.split, rep.notes) == (None, None, None, ())
@@ -102,7 +102,7 @@ def test_attention_report_options():
     bare = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(), with_reference=False)
     assert (bare.errors, bare.ref_row, bare.verdict) == (None, None, None)
     rev = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(block_k=2), order="reverse")
-    assert [s.block for s in rev.result.trace] == [3, 2, 1, 0]
+    assert [s.block for s in rev.result.trace.steps] == [3, 2, 1, 0]
     split = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(), splits=3)
     assert len(split.split.splits) == 3 and split.split.max_abs_diff < 1e-14
 
@@ -131,7 +131,7 @@ def test_attention_report_lazy_rescale_against_the_eager_run():
     b = rep.baseline
     assert (b.rescales, b.rescales_eager, b.threshold, b.order) == (1, 3, 2.5, "forward")
     assert b.max_abs_diff < 1e-15 and b.max_lse_diff < 1e-15
-    skipped = [s.block for s in rep.result.trace if s.block_max > s.m_prev == s.m]
+    skipped = [s.block for s in rep.result.trace.steps if s.block_max > s.m_prev == s.m]
     assert skipped == [1, 2]
     p = np.exp([0.0, 1.0, 2.0, 3.0]) / np.exp([0.0, 1.0, 2.0, 3.0]).sum()
     assert rep.result.out[0, 0] == pytest.approx(float(p @ [1, 2, 3, 4]), rel=1e-15)
@@ -144,5 +144,5 @@ def test_attention_report_reverse_order_matches_forward():
                            order="reverse")
     assert rep.baseline.order == "reverse" and rep.baseline.threshold == 0.0
     assert rep.baseline.max_abs_diff < 1e-14 and rep.baseline.max_lse_diff < 1e-14
-    assert [s.block for s in rep.result.trace] == [5, 4, 3, 2, 1, 0]
+    assert [s.block for s in rep.result.trace.steps] == [5, 4, 3, 2, 1, 0]
     assert attention_report(q, k, v, ScoreOptions(), Tiling(block_k=4)).baseline is None
