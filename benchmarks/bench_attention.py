@@ -143,10 +143,10 @@ def sdpa(torch, q, k, v, causal: bool) -> np.ndarray:
 def identical(a, b) -> bool:
     """The same runs: out and lse bit for bit, the same counters and traced steps."""
     return (np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
-            and (a.tiles_computed, a.tiles_skipped, a.rescales, a.row_visits)
-            == (b.tiles_computed, b.tiles_skipped, b.rescales, b.row_visits)
-            and [(s.m, s.l, s.alpha, s.o_norm) for s in a.trace]
-            == [(s.m, s.l, s.alpha, s.o_norm) for s in b.trace])
+            and (a.tiles.computed, a.tiles.skipped, a.counters.rescales, a.counters.row_visits)
+            == (b.tiles.computed, b.tiles.skipped, b.counters.rescales, b.counters.row_visits)
+            and [(s.m, s.l, s.alpha, s.o_norm) for s in a.trace.steps]
+            == [(s.m, s.l, s.alpha, s.o_norm) for s in b.trace.steps])
 
 
 def forward(torch, n: int, repeats: int, h: int = 8, d: int = 64) -> None:
@@ -171,7 +171,7 @@ def forward(torch, n: int, repeats: int, h: int = 8, d: int = 64) -> None:
         res = outs[f"osm {tag}"]
         same = identical(res, outs[f"osm textbook {tag}"])
         print(f"  osm attention()   {tag:6}  {times[f'osm {tag}']:8.3f} s   "
-              f"tiles {res.tiles_computed} computed, {res.tiles_skipped} skipped")
+              f"tiles {res.tiles.computed} computed, {res.tiles.skipped} skipped")
         print(f"  osm, no trace     {tag:6}  {times[f'osm untraced {tag}']:8.3f} s")
         print(f"  osm, textbook     {tag:6}  {times[f'osm textbook {tag}']:8.3f} s   "
               f"(fused=False) out, lse, counters and trace {'identical' if same else 'DIFFER'}")

@@ -65,7 +65,7 @@ def speed(n: int, h: int = 8, d: int = 64) -> None:
     for name, t in best.items():
         print(f"  {name:15} {t:8.3f} s")
     res = outs["osm backward"]
-    print(f"  tiles: {res.tiles_computed} computed, {res.tiles_skipped} skipped")
+    print(f"  tiles: {res.tiles.computed} computed, {res.tiles.skipped} skipped")
     if torch_run is not None:
         diff = max(float(np.abs(a - b).max()) for a, b in zip(
             (res.dq, res.dk, res.dv), outs["torch backward"], strict=True))

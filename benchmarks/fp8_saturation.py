@@ -12,9 +12,9 @@ The inputs (samples/fp8/: q, k, v as float32 .npy files holding e4m3 values, lay
 = (1, 1, 4, 16) and (1, 1, 512, 16); q_descale, k_descale, v_descale of shape (B, Hkv) = (1, 1))
 give row 0 one tile max per 128-key tile that rises by 2 log2 units each time, in the order the
 kernel visits the tiles (last to first): 4, 6, 8, 10. Rows 1–3 are random. This program runs
-osm's fa4-sm100 preset with τ = 0 and τ = 8 and prints, per K/V tile of row 0 (res.trace), the
-block max and m in log2 units, whether m moved, α, the largest P of the tile before rounding
-against 448, and how many of its P saturate; then O's and the LSE's error against the float64
+osm's fa4-sm100 preset with τ = 0 and τ = 8 and prints, per K/V tile of row 0
+(res.trace.steps), the block max and m in log2 units, whether m moved, α, the largest P of the
+tile before rounding against 448, and how many of its P saturate; then O's and the LSE's error against the float64
 reference for each τ.
 
 The largest P and the saturated count are the trace's own (Step.p_max, Step.saturated: the
@@ -101,7 +101,7 @@ def run(a: dict, tau: float):
 def tile_rows(res, scores: np.ndarray) -> list[dict]:
     """Row 0's tiles as the kernel visited them: block max, m, α, l, largest P, saturated."""
     rows = []
-    for st in res.trace:
+    for st in res.trace.steps:
         if st.sink or st.masked:
             continue
         m = st.m
