@@ -2,7 +2,7 @@
 one line per traced row, so a tile's lines are the m, l and O vectors a kernel holds for its Q
 tile; the rows' outputs (and backward's dQ_i rows) a line a row, beside the reference.
 
-The rows' steps are the records' own (Attention.traces, Backward.query_traces: one tuple of
+The rows' steps are the records' own (Attention.trace.rows, Backward.trace.rows: one tuple of
 steps per row, step k of every row the same K/V tile). Long traces elide whole tiles, never a
 tile where any row's m moved.
 Leaves out: the one-row tables (attention.py, backward.py), the arithmetic (explain.py).
