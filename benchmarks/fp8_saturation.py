@@ -14,8 +14,8 @@ give row 0 one tile max per 128-key tile that rises by 2 log2 units each time, i
 kernel visits the tiles (last to first): 4, 6, 8, 10. Rows 1–3 are random. This program runs
 osm's fa4-sm100 preset with τ = 0 and τ = 8 and prints, per K/V tile of row 0
 (res.trace.steps), the block max and m in log2 units, whether m moved, α, the largest P of the
-tile before rounding against 448, and how many of its P saturate; then O's and the LSE's error against the float64
-reference for each τ.
+tile before rounding against 448, and how many of its P saturate; then O's and the LSE's
+error against the float64 reference for each τ.
 
 The largest P and the saturated count are the trace's own (Step.p_max, Step.saturated: the
 model's P before rounding); beside them, 2^(8 + (block max − m)·log2 e) from m and the block max

@@ -263,7 +263,7 @@ def attention_step_frame(headers: Sequence, res, upto: int, width: int = 100) ->
 
     def upto_step(shown):
         n = len(shown)
-        return replace(res, trace=shown, traces=tuple(tr[:n] for tr in res.trace.rows))
+        return replace(res, trace=replace(res.trace, rows=tuple(tr[:n] for tr in res.trace.rows)))
 
     return frame(headers, res.trace.steps, upto, "tile",
                   lambda shown: attention_trace(upto_step(shown), width),
