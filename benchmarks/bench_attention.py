@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from osm_cli.flash.fast import fused_q_tiles
+from osm_cli.flash.fast import fused_q_tiles, plan_ops
 from osm_cli.flash.forward import attention
 from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
 from osm_cli.flash.plan import make_plan, q_groups
@@ -167,6 +167,9 @@ def forward(torch, n: int, repeats: int, h: int = 8, d: int = 64) -> None:
         if torch is not None:
             contenders[f"torch {tag}"] = lambda c=causal: sdpa(torch, q, k, v, c)
     times, outs = best_of(contenders, repeats)
+    ops = plan_ops(make_plan(q, k, v, ScoreOptions(), Tiling(), Hooks(), None))
+    how = "compiled (numba, flash/rows.py)" if ops.compiled else "numpy"
+    print(f"  osm's row operations: {how}")
     for tag in ("full", "causal"):
         res = outs[f"osm {tag}"]
         same = identical(res, outs[f"osm textbook {tag}"])

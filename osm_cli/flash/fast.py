@@ -26,9 +26,9 @@ import numpy as np
 
 from osm_cli.core.record import Step
 from osm_cli.core.state import State, finalize, moved
-from osm_cli.core.state import block_max as max_of
 
 from .plan import Counts, Plan, marked, q_rows, row_step, sink_step, tiles
+from .rows import NUMPY, RowOps, row_ops
 
 
 class _Tile:
@@ -50,13 +50,14 @@ class _Tile:
         return self._s[width]
 
     def step(self, c: slice, s: np.ndarray, v: np.ndarray, threshold: float,
-             p_round: Callable | None) -> None:
+             p_round: Callable | None, ops: RowOps = NUMPY) -> None:
         """rescale_step(State(m, l, O), s, v) for the stacked Q tiles c, into m_new, l, O,
         alpha and block_max; s becomes P. Each line is the textbook's, with the array it
-        writes named."""
+        writes named; ops does the row operations (rows.py: numpy's, or the same bits
+        compiled)."""
         m, m_new, ref, alpha = self.m[c], self.m_new[c], self.ref[c], self.alpha[c]
         block_max, l, o, pv = self.block_max[c], self.l[c], self.o[c], self.pv[c]
-        max_of(s, out=block_max, nan_free=True)
+        ops.block_max(s, block_max)
         if threshold > 0:
             np.add(m, threshold, out=m_new)
             moves = block_max > m_new
@@ -68,21 +69,23 @@ class _Tile:
         np.copyto(ref, 0, where=np.isneginf(m_new))  # state._ref: subtract 0 while m is -inf
         with np.errstate(over="ignore"):  # s - m below -max rounds to -inf, whose exp is 0
             np.exp(np.subtract(m, ref, out=alpha), out=alpha)
-            np.subtract(s, ref[..., None], out=s)
+            ops.subtract(s, ref)
         np.exp(s, out=s)
-        np.add.reduce(s, axis=-1, out=self.p_sum[c])
+        ops.row_sums(s, self.p_sum[c])
         np.add(np.multiply(l, alpha, out=l), self.p_sum[c], out=l)
         np.matmul(s if p_round is None else p_round(s), v, out=pv)
-        np.add(np.multiply(o, alpha[..., None], out=o), pv, out=o)
+        ops.rescale_add(o, alpha, pv)
 
 
 def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np.ndarray, *,
-                  threshold: float = 0.0, p_round: Callable | None = None
-                  ) -> tuple[list[Step], Counts]:
+                  threshold: float = 0.0, p_round: Callable | None = None,
+                  ops: RowOps | None = None) -> tuple[list[Step], Counts]:
     """forward._q_tile with the rescale form, fused, for the Q tiles of `group` (of one
     length, from plan.q_groups) stacked: their rows of out5 and lse5 written, the traced rows'
     steps and the counts returned (the same as _q_tile's for each tile, added up). A K/V tile
-    hidden from the traced row's own Q tile shows as skipped in its trace."""
+    hidden from the traced row's own Q tile shows as skipped in its trace. ops: the row
+    operations (rows.py; None: plan_ops(plan))."""
+    ops = plan_ops(plan) if ops is None else ops
     b, hk, g = plan.groups
     rows = [q_rows(plan, i0) for i0 in group]
     qt = np.stack([r[0] for r in rows])  # (tiles, B·Hkv, g·n, d); K and V broadcast over tiles
@@ -105,7 +108,7 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
         if s is None:
             continue
         l_prev = [st.l[at] for _, at in seen]
-        st.step(c, s, v, threshold, p_round)
+        st.step(c, s, v, threshold, p_round, ops)
         counts.computed += width
         counts.partial += tile.kinds[c].count("partial")
         counts.row_visits += n * width
@@ -126,4 +129,10 @@ def fused_q_tiles(plan: Plan, group: tuple[int, ...], out5: np.ndarray, lse5: np
     return steps, counts
 
 
-__all__ = ["fused_q_tiles"]
+def plan_ops(plan: Plan) -> RowOps:
+    """The row operations for a plan's run (rows.row_ops by its count of scores)."""
+    b, hk, g = plan.groups
+    return row_ops(b * hk * g * plan.t * (plan.k1 - plan.k0), plan.score_mod is not None)
+
+
+__all__ = ["fused_q_tiles", "plan_ops"]

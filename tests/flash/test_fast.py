@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from osm_cli.core.state import State, rescale_step
 from osm_cli.flash import reference as reference_module
+from osm_cli.flash import rows
 from osm_cli.flash.fast import _Tile
 from osm_cli.flash.forward import Attention, attention
 from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
@@ -51,6 +52,18 @@ def same(a: Attention, b: Attention) -> None:
             assert x == y, (name, x, y)
 
 
+@pytest.fixture(params=["numpy", "compiled"])
+def row_ops(request, monkeypatch):
+    """The fused loop's row operations (flash/rows.py) by numpy, then compiled by numba (on
+    every run, however small): both must give the textbook's bits."""
+    if request.param == "compiled" and not rows.compiled():
+        pytest.skip("numba is not installed, or its row operations are not numpy's here")
+    bound = 0 if request.param == "compiled" else 1 << 62
+    monkeypatch.setattr(rows, "COMPILED_FROM", bound)
+    monkeypatch.setattr(rows, "LOADED_FROM", bound)
+    return request.param
+
+
 def both(q, k, v, **kw) -> tuple[Attention, Attention]:
     return attention(q, k, v, fused=True, **kw), attention(q, k, v, fused=False, **kw)
 
@@ -72,6 +85,7 @@ SHAPES = [
 ]
 
 
+@pytest.mark.usefixtures("row_ops")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("masks", ["none", "causal", "causal top-left", "window", "bool",
                                    "float", "window bool"])
@@ -94,6 +108,7 @@ def test_fused_is_the_textbook_loop(b, hq, hk, t, s, d, dv, bq, bk, masks, dtype
     assert fused.tiles.computed + fused.tiles.skipped == fused.tiles.total
 
 
+@pytest.mark.usefixtures("row_ops")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_lazy_rescale_order_and_key_range(dtype):
     q, k, v = inputs(1, 4, 2, 150, 333, 16, 8, dtype, seed=3, spread=2.0)
@@ -107,6 +122,7 @@ def test_fused_lazy_rescale_order_and_key_range(dtype):
         same(*both(q, k, v, trace_at=(0, 3, [149, 0, 63, 64, 100]), **kw))
 
 
+@pytest.mark.usefixtures("row_ops")
 @pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3"])
 def test_fused_precision_model_rounds_p_the_same(name):
     """The flash model's float32 state and P rounded to the dtype before P·V (Hooks.p_round)."""
@@ -118,6 +134,7 @@ def test_fused_precision_model_rounds_p_the_same(name):
     same(a, b)
 
 
+@pytest.mark.usefixtures("row_ops")
 def test_fused_untraced_and_masked_rows():
     """No traced row; a user mask that hides whole rows and whole tiles (LSE -inf, O 0)."""
     q, k, v = inputs(2, 2, 2, 40, 50, 4, 3, seed=9)
@@ -157,7 +174,9 @@ def test_fused_empty_batch_queries_or_keys(shapes):
         same(*both(q, k, v, causal=causal, trace_at=None))
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.usefixtures("row_ops")
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]),
        st.integers(1, 70), st.integers(0, 70), st.integers(1, 9), st.integers(1, 40),
        st.integers(1, 40), st.booleans(), st.sampled_from([None, (0, 0), (5, -1), (-1, 2)]),
