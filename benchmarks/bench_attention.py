@@ -16,7 +16,11 @@ Goals (issue 13, speed items 1 and 2; issue 3's faster-than-naive-numpy is kept)
 
 Each contender runs once untimed, then the contenders of a section (full and causal together)
 take turns, round by round, and the best of the rounds is kept (--repeats, default 7), so that
-load from other work on the same cores falls on all of them alike. Beside osm's fused loops
+load from other work on the same cores falls on all of them alike. The one-thread section times
+osm's fused loop and SDPA on one thread each in CPU seconds, which other work on a shared
+machine disturbs least. Beside the BLAS kernels the benchmark prints the SIMD targets numpy
+dispatches its own loops to and the ISA torch runs (ATEN_CPU_CAPABILITY=avx2, with
+MKL_ENABLE_INSTRUCTIONS=AVX2, runs torch as on an AVX2 machine). Beside osm's fused loops
 (attention/fast.py, reference._one_shot_fused) the textbook forms run too (fused=False), and the
 benchmark says whether their outputs are identical on these inputs. The schedule section times
 the fused forward four ways (threads over Q tiles or not, BLAS threads or not), to show whether
@@ -26,8 +30,9 @@ uses) to a core type with OPENBLAS_CORETYPE, while PyTorch brings its own MKL/on
 are not always running the same instruction set.
 
 A program, not a test: `python benchmarks/bench_attention.py [--quick] [--repeats R]
-[--only forward,schedule,reference,cli]` (--quick: N = 1024 for the forward, H = 4, N = 2048 for
-the reference, N = 8192 for the CLI; --only: those sections, to rerun one that load disturbed).
+[--only forward,one-thread,schedule,reference,cli]` (--quick: N = 1024 for the forward, H = 4,
+N = 2048 for the reference, N = 8192 for the CLI; --only: those sections, to rerun one that
+load disturbed).
 """
 
 from __future__ import annotations
@@ -114,7 +119,8 @@ def environment():
     except ImportError:
         torch = None
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
-          f"{os.cpu_count()} CPU(s): {platform.processor() or platform.machine()}")
+          f"{os.cpu_count()} CPU(s): {cpu_model()}")
+    print(f"  numpy's own SIMD (its exp, max, sums): {numpy_simd()}")
     for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         print(f"  {var}={os.environ.get(var, '(unset)')}")
     for lib in threadpool_info():
@@ -132,6 +138,71 @@ def environment():
           f"BLAS {blas.group(1) if blas else '?'}, {cpu.lstrip('- ')}; "
           f"osm: {THREADS} thread(s)")
     return torch
+
+
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers (/proc/cpuinfo: a hypervisor
+    may show only "AMD EPYC"), else what platform says."""
+    try:
+        info = dict(line.split(":", 1) for line in
+                    Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+        info = {key.strip(): val.strip() for key, val in info.items()}
+        return (f"{info['model name']} (family {info.get('cpu family', '?')}, model "
+                f"{info.get('model', '?')})")
+    except (OSError, KeyError):
+        return platform.processor() or platform.machine()
+
+
+def numpy_simd() -> str:
+    """The SIMD targets numpy dispatches to here, the widest last (X86_V4: AVX-512)."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    found = [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+    return ", ".join(found) or "baseline only"
+
+
+def one_thread(torch, n: int, repeats: int, h: int = 8, d: int = 64) -> None:
+    """osm's fused loop and SDPA on one thread each, timed in CPU seconds of this process: the
+    like-for-like comparison that other work on a shared machine disturbs least (it slows
+    what runs but does not add to its CPU time the way it adds to wall time)."""
+    print(f"\n== forward on one thread each, fp32, B = 1, H = {h}, N = {n}, d = {d}, CPU time "
+          f"(best of {repeats}) ==")
+    if torch is None:
+        print("  torch is not installed: no PyTorch comparison")
+        return
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, h, n, d), dtype=np.float32) for _ in range(3))
+    plan = make_plan(q, k, v, ScoreOptions(), Tiling(), Hooks(), (0, 0, 0))
+    out5 = np.zeros((*plan.q5.shape[:-1], d), np.float32)
+    lse5 = np.zeros(plan.q5.shape[:-1], np.float32)
+    groups = q_groups(plan)
+
+    def osm():
+        with threadpool_limits(1, user_api="blas"):
+            for grp in groups:
+                fused_q_tiles(plan, grp, out5, lse5)
+
+    def sdpa1():
+        torch.set_num_threads(1)
+        try:
+            return sdpa(torch, q, k, v, False)
+        finally:
+            torch.set_num_threads(THREADS)
+
+    best = dict.fromkeys(("osm", "torch"), math.inf)
+    for fn in (osm, sdpa1):
+        fn()
+    for _ in range(repeats):
+        for name, fn in (("osm", osm), ("torch", sdpa1)):
+            start = time.process_time()
+            fn()
+            best[name] = min(best[name], time.process_time() - start)
+    print(f"  osm's fused loop, 1 thread, 1 BLAS thread   {best['osm']:7.3f} s CPU")
+    print(f"  torch SDPA, torch.set_num_threads(1)        {best['torch']:7.3f} s CPU")
+    r = best["osm"] / best["torch"]
+    print(f"    osm / torch SDPA, one thread each   {r:6.3f}×   goal ≤ {GOAL_VS_TORCH}×: "
+          f"{verdict(r <= GOAL_VS_TORCH)}")
 
 
 def sdpa(torch, q, k, v, causal: bool) -> np.ndarray:
@@ -337,7 +408,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=REPEATS)
-    parser.add_argument("--only", default="forward,schedule,reference,cli",
+    parser.add_argument("--only", default="forward,one-thread,schedule,reference,cli",
                         help="the sections to run, comma-separated (to rerun one disturbed)")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -346,6 +417,8 @@ def main() -> None:
     print("  load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     if "forward" in only:
         forward(torch, 1024 if args.quick else 4096, args.repeats)
+    if "one-thread" in only:
+        one_thread(torch, 1024 if args.quick else 4096, args.repeats)
     if "schedule" in only:
         schedules(1024 if args.quick else 4096, args.repeats)
     if "reference" in only:
