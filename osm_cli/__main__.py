@@ -2,4 +2,5 @@
 
 from .cli import app
 
-app(prog_name="osm")
+if __name__ == "__main__":  # not when imported (the docs' API reference inspects every module)
+    app(prog_name="osm")

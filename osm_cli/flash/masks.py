@@ -47,6 +47,13 @@ def check_score_range(q4: np.ndarray, k4: np.ndarray, scale: float, dtype, q_max
     Example: Q = K = 1e20 in float32 (d = 4, scale 0.5) -> "scores overflow float32: …2e+40"
     """
     big = math.log(float(np.finfo(dtype).max))
+    with np.errstate(over="ignore"):  # Q·scale is formed in `dtype`, with keys or without
+        fits = bool(np.isfinite(np.dtype(dtype).type(scale)))
+    if not fits:
+        raise InputError(
+            f"the scale {scale:.8g} does not fit in {np.dtype(dtype).name} (largest finite "
+            f"{math.exp(big):.3g}), the dtype the scores are computed in"
+        )
     if not (q_max and k_max and scale and q4.size and k4.size):
         return
     logs = math.log(abs(scale)) + math.log(q_max) + math.log(k_max)

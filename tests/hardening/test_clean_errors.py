@@ -103,7 +103,17 @@ NOT_MEMBER = "is not an .npy array"
 V2 = ("|V2", "bfloat16")
 STRUCT_WORDS = "[('a', '<f4'), ('b', '<f4')]"
 
+NO_KEYS = {"q.npy": npy(np.ones((1, 1, 1, 1), np.float32)),
+           "k.npy": npy(np.ones((1, 1, 0, 1), np.float32))}
+
 CASES = [
+    # a scale past float32's largest finite value, with no key to make a score of (the fuzzer's
+    # example: Q·scale overflowed in the cast before any score was judged)
+    case("scale-past-float32-no-keys", ["attention", "{t}/q.npy", "{t}/k.npy", "{t}/k.npy",
+                                        "--scale", "3.4028235677973366e+38"], 1,
+         ["scale 3.4028236e+38 does not fit in float32"], files=NO_KEYS),
+    case("scale-past-float32", ["attention", *QKV3, "--scale", "1e39"], 1,
+         ["does not fit in float32"]),
     # sizes
     case("cost-sram-too-large", ["cost", "--sram", "1e400KiB"], 2, "too large"),
     case("sweep-sram-too-large", ["sweep", "--values", "1,2", "--sram", "1e400KiB"], 2,
