@@ -351,7 +351,7 @@ def kernel_input_cases(folder: Path) -> dict[str, tuple[list, str]]:
                     "softcap 1e+300 is past float32's largest"),
         "softcap-tiny": ([*("attention", *QKV), "--softcap", "1e-300"],
                          "softcap 1e-300 is below float32's smallest normal"),
-        "scale": ([*("attention", *QKV), "--scale", "1e39"], "scores overflow float32: "),
+        "scale": ([*("attention", *QKV), "--scale", "1e39"], "the scale 1e+39 does not fit in float32"),
         "descale-tiny": ([*fp8_args, "--q-descale", folder / "tiny.npy", "--k-descale", ok[1],
                           "--v-descale", ok[2]], "q_descale holds 1.4013e-45"),
         "descale-huge": ([*fp8_args, "--q-descale", folder / "huge.npy", "--k-descale",
