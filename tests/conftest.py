@@ -41,15 +41,32 @@ def rand(*shape, seed=0, dtype=np.float64) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64):
-    """Random Q (…, t, d), K (…, s, d), V (…, s, dv) in bhnd; heads = (Hq, Hkv) (GQA when they
-    differ); b None: no batch axis (and no head axis for one head each)."""
+def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout="bhnd",
+        do=False):
+    """Random Q (…, t, d), K (…, s, d), V (…, s, dv), and dO (…, t, dv) when do, as
+    flash-attention's tests' generate_qkv makes them: seeded (Q from `seed`, K from seed + 1, V
+    from seed + 2, dO from seed + 3, so a tensor stays the same when another changes shape),
+    standard normal values rounded to `dtype`. heads = (Hq, Hkv), GQA/MQA when they differ;
+    b None: no batch axis (and no head axis for one head each). layout "bhnd": (B, H, N, d);
+    "bnhd": FlashAttention's (B, N, H, d).
+
+    Example: q, k, v = qkv(5, 7, 4, heads=(4, 2), b=2, layout="bnhd") -> q (2, 5, 4, 4)"""
     hq, hk = heads
     lead_q = () if b is None and hq == 1 and hk == 1 else ((hq,) if b is None else (b, hq))
     lead_k = () if not lead_q else ((hk,) if b is None else (b, hk))
-    return (rand(*lead_q, t, d, seed=seed, dtype=dtype),
-            rand(*lead_k, s, d, seed=seed + 1, dtype=dtype),
-            rand(*lead_k, s, d if dv is None else dv, seed=seed + 2, dtype=dtype))
+
+    def shape(lead, n, width):
+        if layout == "bnhd" and lead:
+            return (*lead[:-1], n, lead[-1], width)
+        if layout not in ("bhnd", "bnhd"):
+            raise ValueError(f"layout {layout!r}: bhnd or bnhd")
+        return (*lead, n, width)
+
+    dv = d if dv is None else dv
+    out = (rand(*shape(lead_q, t, d), seed=seed, dtype=dtype),
+           rand(*shape(lead_k, s, d), seed=seed + 1, dtype=dtype),
+           rand(*shape(lead_k, s, dv), seed=seed + 2, dtype=dtype))
+    return (*out, rand(*shape(lead_q, t, dv), seed=seed + 3, dtype=dtype)) if do else out
 
 
 def captured_cases() -> list:
@@ -63,13 +80,21 @@ def captured_cases() -> list:
     return mod.load_cases(SAMPLES / "kernels")
 
 
-def osm(*args, width: int | None = None, input=None, runner: CliRunner | None = None):
-    """`osm *args` through typer's CliRunner (stdout and stderr apart), COLUMNS=width if given;
-    never a traceback."""
-    env = None if width is None else {"COLUMNS": str(width)}
+def osm(*args, width: int | None = None, input=None, env: dict | None = None,
+        code: int | None = None, runner: CliRunner | None = None):
+    """`osm *args` through typer's CliRunner: the click Result, whose exit_code, stdout and
+    stderr (kept apart) the test asserts. width: COLUMNS for the run (the tables at 72, 80 or
+    100 columns; none: piped, 100); input: stdin's text; env: more variables; code: the exit
+    code asserted (with stderr in the failure). Never a traceback, never an internal error.
+
+    Example: osm("trace", "--values", "1,2,5,3", "-b", "2", width=80, code=0).stdout"""
+    env = {**(env or {}), **({} if width is None else {"COLUMNS": str(width)})} or None
     result = (runner or CliRunner()).invoke(app, [str(a) for a in args], input=input, env=env)
     both = result.stdout + result.stderr
     assert "Traceback" not in both, both
+    assert "internal error" not in both, both
+    if code is not None:
+        assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
     return result
 
 

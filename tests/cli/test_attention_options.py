@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli.cli import PLOT_LIMIT, app
+from conftest import osm
+from osm_cli.cli import PLOT_LIMIT
 from osm_cli.flash.forward import attention
 from osm_cli.present.csv import tiles_csv
 from osm_cli.present.plot import INSTALL
@@ -25,13 +26,6 @@ from osm_cli.studies.tilemap import head_probabilities, skip_map
 
 ROOT = Path(__file__).resolve().parents[2]
 E = math.exp
-
-
-def run(runner, *args):
-    r = runner.invoke(app, ["attention", *map(str, args)])
-    assert "Traceback" not in r.stdout + r.stderr
-    assert "internal error" not in r.stdout + r.stderr
-    return r
 
 
 @pytest.fixture
@@ -53,12 +47,12 @@ RAMP = ["--causal", "--scale", "1", "--block-q", "2", "--block-k", "2"]
 # --csv
 
 
-def test_csv_by_hand(runner, tmp_path, ramp):
+def test_csv_by_hand(tmp_path, ramp):
     """Query 3 sees keys 0 … 3 with scores 0 … 3. Tile 0 (keys 0:2): max 1, m -inf → 1,
     l = e^-1 + 1, O = [1, 1 + e^-1]. Tile 1 (keys 2:4): max 3, α = e^(1 − 3) = e^-2,
     l = e^-3 + e^-2 + e^-1 + 1, O = α·O + [2e^-1 + 3, e^-1 + 1]."""
     path = tmp_path / "tiles.csv"
-    r = run(runner, ramp, *RAMP, "--query", "3", "--csv", path)
+    r = osm("attention", ramp, *RAMP, "--query", "3", "--csv", path)
     assert r.exit_code == 0, r.stderr
     assert f"wrote {path} (tile table of the traced row, CSV)" in r.stderr
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
@@ -81,11 +75,11 @@ def test_csv_by_hand(runner, tmp_path, ramp):
     assert float(b["o_norm"]) == pytest.approx(math.hypot(*o), rel=1e-15)
 
 
-def test_csv_skipped_tile(runner, tmp_path, ramp):
+def test_csv_skipped_tile(tmp_path, ramp):
     """Query 1 is in the Q tile of rows 0:2, for which keys 2:4 are all hidden: that tile is
     skipped, its line keeps the state (m = 1, l = e^-1 + 1) with tile_max -inf."""
     path = tmp_path / "tiles.csv"
-    assert run(runner, ramp, *RAMP, "--query", "1", "--csv", path).exit_code == 0
+    assert osm("attention", ramp, *RAMP, "--query", "1", "--csv", path).exit_code == 0
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     assert [(x["tile"], x["skipped"]) for x in rows] == [("0", "false"), ("1", "true")]
     assert rows[1]["tile_max"] == "-inf" and rows[1]["m"] == "1.0"
@@ -106,12 +100,13 @@ def test_csv_matches_records():
         assert [float(line[f"o_{j}"]) for j in range(3)] == s.o.tolist()
 
 
-def test_csv_errors(runner, tmp_path, ramp):
-    r = run(runner, ramp, "--csv", tmp_path / "no" / "x.csv")
+def test_csv_errors(tmp_path, ramp):
+    r = osm("attention", ramp, "--csv", tmp_path / "no" / "x.csv")
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.startswith("Error: ") and "does not exist" in r.stderr
     assert r.stderr.count("\n") == 1
-    r = run(runner, ramp, "--dtype", "bf16", "--precision", "naive", "--csv", tmp_path / "x.csv")
+    r = osm("attention", ramp, "--dtype", "bf16", "--precision", "naive", "--csv",
+            tmp_path / "x.csv")
     assert r.exit_code == 1 and r.stderr == (
         "Error: --csv, --plot, --step and --html show the tiles of the tiled run; --precision "
         "naive is one-shot attention\n")
@@ -181,10 +176,10 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_plot_png(runner, tmp_path):
+def test_plot_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
     path = tmp_path / "p.png"
-    r = run(runner, "samples/causal.npz", "--causal", "--head", "1", "--query", "2",
+    r = osm("attention", "samples/causal.npz", "--causal", "--head", "1", "--query", "2",
             "--block-q", "4", "--block-k", "2", "--plot", path)
     assert r.exit_code == 0, r.stderr
     assert f"wrote {path} (probability matrix of batch 0, head 1 with its tiles, PNG)" in r.stderr
@@ -195,7 +190,7 @@ def test_plot_png(runner, tmp_path):
     assert "trace of batch 0, head 1, query 2" in r.stdout  # the report is still printed
 
 
-def test_plot_title_and_limit(runner, tmp_path, monkeypatch):
+def test_plot_title_and_limit(tmp_path, monkeypatch):
     """A head longer than PLOT_LIMIT is drawn for its first 512 queries and keys, as the
     title says; the tile map covers the whole head."""
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
@@ -212,7 +207,7 @@ def test_plot_title_and_limit(runner, tmp_path, monkeypatch):
     q, k, v = (rng.normal(size=(600, 8)) for _ in range(3))
     npz = tmp_path / "long.npz"
     np.savez(npz, q=q, k=k, v=v)
-    r = run(runner, npz, "--causal", "--block-q", "64", "--block-k", "128", "--query", "7",
+    r = osm("attention", npz, "--causal", "--block-q", "64", "--block-k", "128", "--query", "7",
             "--no-reference", "--plot", tmp_path / "x.png")
     assert r.exit_code == 0, r.stderr
     assert seen["title"] == (f"{npz}: P = softmax(scale·QKᵀ) of batch 0, head 0\n"
@@ -227,27 +222,27 @@ def test_plot_title_and_limit(runner, tmp_path, monkeypatch):
     assert (tmp_path / "x.png").read_bytes() == b"png"
 
 
-def test_plot_no_keys(runner, tmp_path):
+def test_plot_no_keys(tmp_path):
     """With no keys there is no matrix to draw: one Error line, and neither file is written."""
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
     npz = tmp_path / "nokeys.npz"
     np.savez(npz, q=np.ones((3, 2)), k=np.ones((0, 2)), v=np.ones((0, 2)))
     hm = head_probabilities(np.ones((3, 2)), np.ones((0, 2)), block_q=2, block_k=2)
     assert hm.p.shape == (3, 0) and hm.skip.shape == (2, 0)
-    r = run(runner, npz, "--plot", tmp_path / "n.png", "--csv", tmp_path / "n.csv")
+    r = osm("attention", npz, "--plot", tmp_path / "n.png", "--csv", tmp_path / "n.csv")
     assert (r.exit_code, r.stdout) == (1, "")
     assert r.stderr == ("Error: --plot: head 0 has 3 queries and 0 keys; there is no probability "
                         "matrix to draw\n")
     assert not (tmp_path / "n.png").exists() and not (tmp_path / "n.csv").exists()
 
 
-def test_plot_without_matplotlib(runner, tmp_path, monkeypatch):
+def test_plot_without_matplotlib(tmp_path, monkeypatch):
     for name in list(sys.modules):
         if name == "matplotlib" or name.startswith("matplotlib."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     path = tmp_path / "p.png"
-    r = run(runner, "samples/causal.npz", "--plot", path)
+    r = osm("attention", "samples/causal.npz", "--plot", path)
     assert (r.exit_code, r.stdout, r.stderr) == (1, "", f"Error: {INSTALL}\n")
     assert not path.exists()
 
@@ -256,14 +251,14 @@ def test_plot_without_matplotlib(runner, tmp_path, monkeypatch):
 # --step
 
 
-def test_step_not_a_terminal(runner):
+def test_step_not_a_terminal():
     args = ["samples/causal.npz", "--causal", "--head", "1", "--query", "2", "--block-q", "4",
             "--block-k", "2"]
-    r = run(runner, *args, "--step")
+    r = osm("attention", *args, "--step")
     assert r.exit_code == 0
     assert r.stderr == "--step: standard output is not a terminal; showing the whole table\n"
     assert "Enter" not in r.stdout
-    assert r.stdout == run(runner, *args).stdout
+    assert r.stdout == osm("attention", *args).stdout
 
 
 STEP = ("samples/causal.npz", "--causal", "--head", "1", "--query", "2", "--block-q", "4",

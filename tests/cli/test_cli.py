@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import pickle
 import re
@@ -14,56 +13,38 @@ import numpy as np
 import pytest
 import typer
 
+from conftest import osm, strict_json
 from osm_cli.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 E = math.exp
 
 
-def _no_constant(name):
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def strict_json(text: str):
-    """RFC 8259 only: NaN, Infinity and -Infinity are refused."""
-    return json.loads(text, parse_constant=_no_constant)
-
-
-def run(runner, *args, input=None):
-    result = runner.invoke(app, [str(a) for a in args], input=input)
-    both = result.stdout + result.stderr
-    assert "Traceback" not in both, both
-    assert "internal error" not in both, both
-    return result
-
-
-def ok(runner, *args, input=None):
-    result = run(runner, *args, input=input)
-    assert result.exit_code == 0, result.stderr
+def ok(*args, input=None):
+    result = osm(*args, input=input, code=0)
     assert result.stderr == ""
     return result
 
 
-def error(runner, *args, input=None) -> str:
+def error(*args, input=None) -> str:
     """A bad input: exit 1, nothing on stdout, exactly one 'Error: …' line on stderr."""
-    result = run(runner, *args, input=input)
-    assert result.exit_code == 1, (result.exit_code, result.stdout, result.stderr)
+    result = osm(*args, input=input, code=1)
     assert result.stdout == ""
     assert result.stderr.startswith("Error: ")
     assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1, result.stderr
     return result.stderr.rstrip("\n")
 
 
-def trace_json(runner, *args, input=None) -> dict:
-    return strict_json(ok(runner, "trace", *args, "--json", input=input).stdout)
+def trace_json(*args, input=None) -> dict:
+    return strict_json(ok("trace", *args, "--json", input=input).stdout)
 
 
 # ---------------------------------------------------------------------------------------------
 # trace: tables
 
 
-def test_trace_seed_example_tables(runner):
-    out = ok(runner, "trace", "samples/scores.txt", "-b", "2").stdout
+def test_trace_seed_example_tables():
+    out = ok("trace", "samples/scores.txt", "-b", "2").stdout
     assert out.startswith("samples/scores.txt: 4 scores in 2 blocks of 2\nstart: m = -inf, l = 0\n")
     assert re.search(r"0\s+0:2\s+\[2, 4\]\s+4\s+-inf → 4\s+0\s+0 → 1\.1353353\s*\n", out)
     assert re.search(r"1\s+2:4\s+\[1, 3\]\s+3\s+4\s+1\s+1\.1353353 → 1\.5530018\s*\n", out)
@@ -73,16 +54,16 @@ def test_trace_seed_example_tables(runner):
     assert "all rows" not in out  # a vector has no summary of rows
 
 
-def test_trace_merge_table(runner):
-    out = ok(runner, "trace", "--values", "1,2,5,3", "-b", "2", "--form", "merge").stdout
+def test_trace_merge_table():
+    out = ok("trace", "--values", "1,2,5,3", "-b", "2", "--form", "merge").stdout
     assert out.startswith("--values: 4 scores in 2 blocks of 2\n")
     assert re.search(r"1\s+2:4\s+5\s+1\.1353353\s+2 → 5\s+0\.049787068\s+1\s+1\.3678794 → "
                      r"1\.203438\s*\n", out)
     assert "final: m = 5, l = 1.20343799, LSE = m + ln l = 5.185182453" in out
 
 
-def test_trace_form_both_tables(runner):
-    out = ok(runner, "trace", "samples/max_changes.txt", "--form", "both").stdout
+def test_trace_form_both_tables():
+    out = ok("trace", "samples/max_changes.txt", "--form", "both").stdout
     assert "form rescale:" in out and "form merge:" in out
     assert out.index("form rescale:") < out.index("form merge:")
     match = re.search(r"rescale vs merge: max \|difference\| = (\S+)", out)
@@ -92,10 +73,10 @@ def test_trace_form_both_tables(runner):
 FORTY = ",".join(str(i) for i in range(40))  # 20 blocks of 2, 40 elements
 
 
-def test_trace_long_input_is_elided(runner):
+def test_trace_long_input_is_elided():
     """Rising scores move m at every block: no block is hidden; the elements are, and a
     caption says how many."""
-    short = ok(runner, "trace", "--values", FORTY, "-b", "2").stdout
+    short = ok("trace", "--values", FORTY, "-b", "2").stdout
     # the element table's ellipsis row and its caption
     assert sum("⋮" in line for line in short.splitlines()) == 2
     assert re.search(r"\n\s*10\s+20:22\s", short)  # block 10: m moved there, so it is shown
@@ -103,11 +84,11 @@ def test_trace_long_input_is_elided(runner):
     assert "⋮ 30 rows not shown (--all shows every row)" in short
 
 
-def test_elision_never_hides_a_block_where_m_moved(runner):
+def test_elision_never_hides_a_block_where_m_moved():
     """31 blocks of one score: m moves at blocks 0, 10 and 21 only; the rows between the first
     and last five are elided except those, and the caption counts what was left out."""
     scores = ",".join(["1"] * 10 + ["5"] + ["1"] * 10 + ["7"] + ["1"] * 10)
-    out = ok(runner, "trace", "--values", scores, "-b", "1").stdout
+    out = ok("trace", "--values", scores, "-b", "1").stdout
     table = out[:out.index("final:")]
     shown = [int(line.split()[0]) for line in table.splitlines()
              if re.match(r"\s*\d+\s+\d+:\d+", line)]
@@ -117,28 +98,28 @@ def test_elision_never_hides_a_block_where_m_moved(runner):
     assert re.search(r"\n\s*10\s+10:11\s+\[5\]\s+5\s+1 → 5\s+0.018315639", table)
 
 
-def test_trace_all_shows_every_element(runner):
-    full = ok(runner, "trace", "--values", FORTY, "-b", "2", "--all").stdout
+def test_trace_all_shows_every_element():
+    full = ok("trace", "--values", FORTY, "-b", "2", "--all").stdout
     assert re.search(r"\n\s*20\s+20\s+\S+e-", full)  # element 20: p = e^(20-39) / l
 
 
-def test_trace_all_shows_every_block(runner):
-    full = ok(runner, "trace", "--values", FORTY, "-b", "2", "--all").stdout
+def test_trace_all_shows_every_block():
+    full = ok("trace", "--values", FORTY, "-b", "2", "--all").stdout
     assert "⋮" not in full
     assert re.search(r"\n\s*10\s+20:22\s", full)
 
 
-def test_trace_masked_sample(runner):
-    out = ok(runner, "trace", "samples/masked.txt", "-b", "4").stdout
+def test_trace_masked_sample():
+    out = ok("trace", "samples/masked.txt", "-b", "4").stdout
     assert "6 scores in 2 blocks of 4" in out
     assert "final: m = 3, l = 1.287058021, LSE = m + ln l = 3.25235901" in out
 
 
-def test_trace_output_lines_fit_100_columns(runner):
+def test_trace_output_lines_fit_100_columns():
     from rich.cells import cell_len
 
     for form in ("rescale", "merge", "both"):
-        out = ok(runner, "trace", "samples/matrix.txt", "--form", form, "--row", "3").stdout
+        out = ok("trace", "samples/matrix.txt", "--form", form, "--row", "3").stdout
         assert max(cell_len(line) for line in out.splitlines()) <= 100
 
 
@@ -168,8 +149,8 @@ def sig(x: float, digits: int = 8) -> str:
 
 @pytest.mark.parametrize("form", ["rescale", "merge"])
 @pytest.mark.parametrize("values", list(SEEDS))
-def test_trace_json_seed_examples(runner, values, form):
-    doc = trace_json(runner, "--values", values, "-b", "2", "--form", form)
+def test_trace_json_seed_examples(values, form):
+    doc = trace_json("--values", values, "-b", "2", "--form", form)
     steps, (m, l, lse) = SEEDS[values]
     assert doc["block"] == 2 and doc["form"] == form and doc["row"] == 0
     assert doc["shape"] == [4] and doc["lse_base"] == "e"
@@ -200,28 +181,28 @@ def test_trace_json_seed_examples(runner, values, form):
         assert "block_l" not in first
 
 
-def test_trace_json_merge_statistics(runner):
+def test_trace_json_merge_statistics():
     """[1, 2] | [5, 3]: l⁽¹⁾ = 1 + e^-2 = 1.1353353 enters with w = 1; the old l gets α = e^-3."""
-    step = trace_json(runner, "--values", "1,2,5,3", "-b", "2", "--form", "merge")["steps"][1]
+    step = trace_json("--values", "1,2,5,3", "-b", "2", "--form", "merge")["steps"][1]
     assert step["block_m"] == 5
     assert sig(step["block_l"]) == "1.1353353"
     assert step["block_weight"] == 1
-    step = trace_json(runner, "--values", "2,4,1,3", "-b", "2", "--form", "merge")["steps"][1]
+    step = trace_json("--values", "2,4,1,3", "-b", "2", "--form", "merge")["steps"][1]
     assert step["block_m"] == 3 and sig(step["block_weight"]) == "0.36787944"
 
 
 @pytest.mark.parametrize("values", list(SEEDS) + ["-inf,1.5,-inf,0.25,3,-inf", "0,-700,700,3"])
 @pytest.mark.parametrize("block", [1, 2, 3])
-def test_merge_probabilities_equal_rescale(runner, values, block):
-    a = trace_json(runner, "--values", values, "-b", block)
-    b = trace_json(runner, "--values", values, "-b", block, "--form", "merge")
+def test_merge_probabilities_equal_rescale(values, block):
+    a = trace_json("--values", values, "-b", block)
+    b = trace_json("--values", values, "-b", block, "--form", "merge")
     np.testing.assert_allclose(b["probabilities"], a["probabilities"], rtol=1e-14, atol=0)
     assert b["lse"] == pytest.approx(a["lse"], rel=1e-15)
     assert [s["m"] for s in b["steps"]] == [s["m"] for s in a["steps"]]
 
 
-def test_trace_json_form_both(runner):
-    doc = trace_json(runner, "--values", "1,2,5,3", "--form", "both")
+def test_trace_json_form_both():
+    doc = trace_json("--values", "1,2,5,3", "--form", "both")
     assert doc["form"] == "both"
     assert "block_l" not in doc["steps"][0]
     assert sig(doc["merge_steps"][1]["block_l"]) == "1.1353353"
@@ -230,15 +211,15 @@ def test_trace_json_form_both(runner):
     assert 0 <= doc["forms_max_abs_diff"] <= 1e-15
 
 
-def test_trace_row_of_matrix(runner):
-    out = ok(runner, "trace", "samples/matrix.txt", "--row", "1").stdout
+def test_trace_row_of_matrix():
+    out = ok("trace", "samples/matrix.txt", "--row", "1").stdout
     assert out.startswith("samples/matrix.txt: row 1 of 4, 4 scores in 2 blocks of 2\n")
     assert "0.049787068" in out  # row 1 is the second seed example
     assert "final: m = 5, l = 1.20343799" in out
     assert "all rows" in out
     assert re.search(r"\n\s+2\s+-inf\s+0\s+-inf\s+0\s*\n", out)  # the masked row's summary
 
-    doc = trace_json(runner, "samples/matrix.txt", "--row", "1")
+    doc = trace_json("samples/matrix.txt", "--row", "1")
     assert doc["row"] == 1 and doc["shape"] == [4, 4]
     assert doc["m"] == [4, 5, "-inf", 2]
     assert doc["l"][2] == 0 and doc["lse"][2] == "-inf"
@@ -248,18 +229,18 @@ def test_trace_row_of_matrix(runner):
     assert doc["naive"][2] == ["nan"] * 4  # 0 / 0, shown as a string
 
 
-def test_trace_fully_masked_row_json(runner):
-    doc = trace_json(runner, "samples/matrix.txt", "--row", "2", "-b", "3")
+def test_trace_fully_masked_row_json():
+    doc = trace_json("samples/matrix.txt", "--row", "2", "-b", "3")
     for step in doc["steps"]:
         assert step["m"] == "-inf" and step["l"] == 0 and step["scale"] in (0, 1)
         assert step["block_max"] == "-inf"
 
 
-def test_trace_row_out_of_range(runner):
-    msg = error(runner, "trace", "samples/matrix.txt", "--row", "4")
+def test_trace_row_out_of_range():
+    msg = error("trace", "samples/matrix.txt", "--row", "4")
     assert msg == "Error: samples/matrix.txt: --row 4 is out of range; it has 4 row(s)"
-    assert "out of range" in error(runner, "trace", "samples/scores.txt", "--row", "1")
-    result = run(runner, "trace", "samples/matrix.txt", "--row", "-1")
+    assert "out of range" in error("trace", "samples/scores.txt", "--row", "1")
+    result = osm("trace", "samples/matrix.txt", "--row", "-1")
     assert result.exit_code == 2 and "--row" in result.stderr
 
 
@@ -267,11 +248,11 @@ def test_trace_row_out_of_range(runner):
 # trace: other inputs
 
 
-def test_trace_stdin(runner):
-    out = ok(runner, "trace", "-", input="1 2 5 3").stdout
+def test_trace_stdin():
+    out = ok("trace", "-", input="1 2 5 3").stdout
     assert out.startswith("<stdin>: 4 scores in 2 blocks of 2")
     assert "0.049787068" in out
-    doc = trace_json(runner, "-", input="2 4\n1 3\n")
+    doc = trace_json("-", input="2 4\n1 3\n")
     assert doc["shape"] == [2, 2] and doc["m"] == [4, 3]
 
 
@@ -280,99 +261,99 @@ def _seed2_json_ok(doc: dict):
     assert sig(doc["l"] if not isinstance(doc["l"], list) else doc["l"][0]) == "1.203438"
 
 
-def test_trace_npy(runner, tmp_path):
+def test_trace_npy(tmp_path):
     p = tmp_path / "s.npy"
     np.save(p, np.array([1.0, 2.0, 5.0, 3.0]))
-    _seed2_json_ok(trace_json(runner, p))
-    out = ok(runner, "trace", p).stdout
+    _seed2_json_ok(trace_json(p))
+    out = ok("trace", p).stdout
     assert out.startswith(f"{p}: 4 scores in 2 blocks of 2")
 
 
-def test_trace_npy_float32_matrix(runner, tmp_path):
+def test_trace_npy_float32_matrix(tmp_path):
     p = tmp_path / "m.npy"
     np.save(p, np.array([[1, 2, 5, 3], [2, 4, 1, 3]], dtype=np.float32))
-    doc = trace_json(runner, p)
+    doc = trace_json(p)
     assert doc["shape"] == [2, 4]
     _seed2_json_ok(doc)
 
 
-def test_trace_npz(runner, tmp_path):
+def test_trace_npz(tmp_path):
     p = tmp_path / "s.npz"
     np.savez(p, scores=np.array([1.0, 2.0, 5.0, 3.0]))
-    _seed2_json_ok(trace_json(runner, p))
+    _seed2_json_ok(trace_json(p))
 
 
-def test_trace_csv(runner, tmp_path):
+def test_trace_csv(tmp_path):
     p = tmp_path / "s.csv"
     p.write_text("1,2,5,3\n2,4,1,3\n")
-    doc = trace_json(runner, p)
+    doc = trace_json(p)
     assert doc["shape"] == [2, 4]
     _seed2_json_ok(doc)
 
 
-def test_trace_int_npy_and_column_text(runner, tmp_path):
+def test_trace_int_npy_and_column_text(tmp_path):
     p = tmp_path / "i.npy"
     np.save(p, np.array([1, 2, 5, 3], dtype=np.int64))
-    _seed2_json_ok(trace_json(runner, p))
+    _seed2_json_ok(trace_json(p))
     col = tmp_path / "col.txt"
     col.write_text("1\n2\n5\n3\n")
-    _seed2_json_ok(trace_json(runner, col))
+    _seed2_json_ok(trace_json(col))
 
 
 # ---------------------------------------------------------------------------------------------
 # bad input (issue 2, item 7): exit 1, one "Error:" line naming the file and the problem
 
 
-def test_missing_file(runner):
-    assert error(runner, "trace", "no/such/file.txt") == "Error: no/such/file.txt: no such file"
+def test_missing_file():
+    assert error("trace", "no/such/file.txt") == "Error: no/such/file.txt: no such file"
 
 
-def test_directory(runner):
-    assert error(runner, "trace", "samples") == "Error: samples: is a directory, not a file"
+def test_directory():
+    assert error("trace", "samples") == "Error: samples: is a directory, not a file"
 
 
-def test_empty_file(runner, tmp_path):
+def test_empty_file(tmp_path):
     p = tmp_path / "empty.txt"
     p.write_text("")
-    assert error(runner, "trace", p) == f"Error: {p}: no numbers found (the input is empty)"
+    assert error("trace", p) == f"Error: {p}: no numbers found (the input is empty)"
     blank = tmp_path / "blank.txt"
     blank.write_text("# just a comment\n\n")
-    assert "no numbers found" in error(runner, "trace", blank)
+    assert "no numbers found" in error("trace", blank)
 
 
-def test_empty_stdin(runner):
-    assert error(runner, "trace", "-", input="") == (
+def test_empty_stdin():
+    assert error("trace", "-", input="") == (
         "Error: <stdin>: no numbers found (the input is empty)"
     )
 
 
-def test_non_numeric_token(runner, tmp_path):
+def test_non_numeric_token(tmp_path):
     p = tmp_path / "bad.txt"
     p.write_text("1 2 3\n4 oops 6\n")
-    assert error(runner, "trace", p) == f"Error: {p}: line 2, column 3: 'oops' is not a number"
-    assert error(runner, "trace", "--values", "1,x,3") == (
+    assert error("trace", p) == f"Error: {p}: line 2, column 3: 'oops' is not a number"
+    assert error("trace", "--values", "1,x,3") == (
         "Error: --values: line 1, column 3: 'x' is not a number"
     )
 
 
-def test_ragged_rows(runner, tmp_path):
+def test_ragged_rows(tmp_path):
     p = tmp_path / "ragged.txt"
     p.write_text("1 2 3\n4 5\n")
-    msg = error(runner, "trace", p)
+    msg = error("trace", p)
     assert msg.startswith(f"Error: {p}: line 2 has 2 numbers but line 1 has 3")
 
 
-def test_nan_in_scores(runner, tmp_path):
-    assert error(runner, "trace", "--values", "1 2 nan") == (
+def test_nan_in_scores(tmp_path):
+    assert error("trace", "--values", "1 2 nan") == (
         "Error: --values: NaN at index 2; softmax of NaN is undefined"
     )
     p = tmp_path / "nan.npy"
     np.save(p, np.array([[1.0, 2.0], [np.nan, 0.0]]))
-    assert error(runner, "trace", p).startswith(f"Error: {p}: NaN at index (1, 0)")
+    assert error("trace", p).startswith(f"Error: {p}: NaN at index (1, 0)")
 
 
-def test_plus_inf_in_scores(runner):
-    msg = error(runner, "trace", "--values", "1,inf,-inf")
+def test_plus_inf_in_scores():
+    msg = error("trace", "--values", "1,inf,-inf")
     assert msg.startswith("Error: --values: +inf at index 1;")
 
 
@@ -381,80 +362,80 @@ def test_plus_inf_in_scores(runner):
     [(np.array(2.0), "is a single number (0-d)"), (np.zeros((2, 2, 2)), "has 3 dimensions")],
     ids=["0-d", "3-D"],
 )
-def test_wrong_dimensions(runner, tmp_path, arr, words):
+def test_wrong_dimensions(tmp_path, arr, words):
     p = tmp_path / "a.npy"
     np.save(p, arr)
-    msg = error(runner, "trace", p)
+    msg = error("trace", p)
     assert msg.startswith(f"Error: {p}: {words}")
 
 
-def test_object_npy(runner, tmp_path):
+def test_object_npy(tmp_path):
     p = tmp_path / "obj.npy"
     np.save(p, np.array([1.0, "x"], dtype=object), allow_pickle=True)
-    msg = error(runner, "trace", p)
+    msg = error("trace", p)
     assert msg.startswith(f"Error: {p}: ") and ("pickle" in msg or "objects" in msg)
 
 
-def test_pickled_npy(runner, tmp_path):
+def test_pickled_npy(tmp_path):
     p = tmp_path / "pickled.npy"
     p.write_bytes(pickle.dumps({"scores": [1.0, 2.0]}))
-    msg = error(runner, "trace", p)
+    msg = error("trace", p)
     assert msg.startswith(f"Error: {p}: ") and "pickle" in msg
 
 
-def test_text_file_named_npy(runner, tmp_path):
+def test_text_file_named_npy(tmp_path):
     p = tmp_path / "text.npy"
     p.write_text("1 2 5 3\n")
-    assert error(runner, "trace", p).startswith(f"Error: {p}: ")
+    assert error("trace", p).startswith(f"Error: {p}: ")
 
 
-def test_non_array_npz(runner, tmp_path):
+def test_non_array_npz(tmp_path):
     p = tmp_path / "fake.npz"
     p.write_text("not a zip\n")
-    assert error(runner, "trace", p).startswith(f"Error: {p}: ")
+    assert error("trace", p).startswith(f"Error: {p}: ")
 
 
-def test_npz_with_two_arrays(runner, tmp_path):
+def test_npz_with_two_arrays(tmp_path):
     p = tmp_path / "two.npz"
     np.savez(p, q=np.zeros(4), k=np.ones(4))
-    assert error(runner, "trace", p) == f"Error: {p}: holds 2 arrays (q, k); expected exactly one"
+    assert error("trace", p) == f"Error: {p}: holds 2 arrays (q, k); expected exactly one"
 
 
-def test_boolean_npy(runner, tmp_path):
+def test_boolean_npy(tmp_path):
     p = tmp_path / "b.npy"
     np.save(p, np.array([True, False]))
-    assert "boolean" in error(runner, "trace", p)
+    assert "boolean" in error("trace", p)
 
 
-def test_no_scores_and_both_sources(runner):
-    assert error(runner, "trace").startswith("Error: no scores given")
-    assert "not both" in error(runner, "trace", "samples/scores.txt", "--values", "1,2")
+def test_no_scores_and_both_sources():
+    assert error("trace").startswith("Error: no scores given")
+    assert "not both" in error("trace", "samples/scores.txt", "--values", "1,2")
 
 
 @pytest.mark.parametrize("block", ["0", "-1"])
-def test_bad_block(runner, block):
-    result = run(runner, "trace", "samples/scores.txt", "--block", block)
+def test_bad_block(block):
+    result = osm("trace", "samples/scores.txt", "--block", block)
     assert result.exit_code == 2
     assert result.stdout == ""
     assert "Invalid value for '--block'" in result.stderr
     assert result.stderr.rstrip().splitlines()[-1].startswith("Error: ")
 
 
-def test_bad_form(runner):
-    result = run(runner, "trace", "samples/scores.txt", "--form", "sideways")
+def test_bad_form():
+    result = osm("trace", "samples/scores.txt", "--form", "sideways")
     assert result.exit_code == 2 and "--form" in result.stderr
 
 
-def test_error_line_is_one_line_even_when_long(runner, tmp_path):
+def test_error_line_is_one_line_even_when_long(tmp_path):
     """A long path does not wrap the message onto a second line (stderr is not a terminal)."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
-    msg = error(runner, "trace", deep / "missing.txt")
+    msg = error("trace", deep / "missing.txt")
     assert msg.endswith("missing.txt: no such file")
 
 
-def test_trace_extreme_magnitudes(runner):
-    doc = trace_json(runner, "--values", "1e308,-1e308", "-b", "1")
+def test_trace_extreme_magnitudes():
+    doc = trace_json("--values", "1e308,-1e308", "-b", "1")
     assert doc["probabilities"] == [1, 0]
 
 
@@ -462,8 +443,8 @@ def test_trace_extreme_magnitudes(runner):
 # overflow-demo
 
 
-def test_overflow_demo_default(runner):
-    out = ok(runner, "overflow-demo").stdout
+def test_overflow_demo_default():
+    out = ok("overflow-demo").stdout
     assert out.startswith("exp(x) in each dtype (x = 100, 102, 99)")
     assert re.search(r"float16\s+6\.55e\+04\s+11\.0899\s+-17\.3287\s+inf\s+inf\s+inf", out)
     assert re.search(r"float64\s+1\.798e\+308\s+709\.783\s+-745\.133\s+2\.688e\+43", out)
@@ -489,8 +470,8 @@ def test_the_fully_masked_row_is_explained_alike_in_trace_and_overflow_demo(runn
     assert MASKED_ROW not in " ".join(ok(runner, "trace", "--values", "-inf,1").stdout.split())
 
 
-def test_overflow_demo_with_values(runner):
-    out = ok(runner, "overflow-demo", "10", "11", "12").stdout
+def test_overflow_demo_with_values():
+    out = ok("overflow-demo", "10", "11", "12").stdout
     assert out.startswith("exp(x) in each dtype (x = 10, 11, 12)")
     words = " ".join(out.split())  # the note wraps at 100 columns
     assert "exp overflows to inf for x in float16 above 11.09: exp(12) does not fit" in words
@@ -502,32 +483,32 @@ def test_overflow_demo_with_values(runner):
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "+inf"])
-def test_overflow_demo_nan_and_inf_refused(runner, bad):
-    assert error(runner, "overflow-demo", "1", bad) == (
+def test_overflow_demo_nan_and_inf_refused(bad):
+    assert error("overflow-demo", "1", bad) == (
         "Error: values must be numbers or -inf (a masked score): softmax is undefined for NaN "
         "and for +inf (inf / inf)")
 
 
-def test_overflow_demo_takes_negative_values(runner):
+def test_overflow_demo_takes_negative_values():
     """-inf and negative numbers are values, not options (`--` works too)."""
     for args in (["-inf", "-1", "2", "--dtype", "fp16"],
                  ["--dtype", "fp16", "--", "-inf", "-1", "2"]):
-        result = run(runner, "overflow-demo", *args)
+        result = osm("overflow-demo", *args)
         assert result.exit_code == 0, result.stderr
         assert "exp(x) in each dtype (x = -inf, -1, 2)" in result.stdout
-    result = run(runner, "overflow-demo", "-inf", "-inf")
+    result = osm("overflow-demo", "-inf", "-inf")
     assert result.exit_code == 0
     assert "Every value is masked (-inf)" in " ".join(result.stdout.split())
 
 
-def test_overflow_demo_not_a_number(runner):
-    result = run(runner, "overflow-demo", "1", "abc")
+def test_overflow_demo_not_a_number():
+    result = osm("overflow-demo", "1", "abc")
     assert result.exit_code == 2
     assert "Invalid value for 'values'" in result.stderr
 
 
-def test_overflow_demo_value_beyond_float16(runner):
-    out = ok(runner, "overflow-demo", "70000", "1").stdout
+def test_overflow_demo_value_beyond_float16():
+    out = ok("overflow-demo", "70000", "1").stdout
     assert not re.search(r"online\s+nan", out)
 
 
@@ -543,9 +524,9 @@ def test_commands_registered():
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_every_command_has_help_with_example(runner, name):
+def test_every_command_has_help_with_example(name):
     for flag in ("--help", "-h"):
-        out = ok(runner, name, flag).stdout
+        out = ok(name, flag).stdout
         assert out.startswith(f"Usage: osm {name} ")
         assert "Example" in out
         examples = out[out.index("Example"):]
@@ -553,8 +534,8 @@ def test_every_command_has_help_with_example(runner, name):
         assert len(out.splitlines()) > 5
 
 
-def test_top_level_help_lists_commands(runner):
-    out = ok(runner, "--help").stdout
+def test_top_level_help_lists_commands():
+    out = ok("--help").stdout
     for name in COMMANDS:
         assert name in out
 

@@ -12,24 +12,17 @@ import warnings
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm, qkv, rand
 from osm_cli.flash.forward import attention
 from osm_cli.flash.reference import errors, reference
 
+F32 = np.float32
 SAMPLE_FILES = ["samples/q.npy", "samples/k.npy", "samples/v.npy"]
-
-
-def run(runner, *args):
-    return runner.invoke(app, ["attention", *map(str, args)])
 
 
 def sample_qkv(name="qkv.npz"):
     with np.load(f"samples/{name}") as z:
         return z["q"], z["k"], z["v"]
-
-
-def rand(*shape, seed=0, dtype=np.float32):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
 def write(tmp_path, **arrays):
@@ -57,11 +50,11 @@ def assert_one_error_line(result, code=1, words=None):
 # The README commands
 
 
-def test_sample_summary_and_trace(runner):
+def test_sample_summary_and_trace():
     q, k, v = (np.load(p) for p in SAMPLE_FILES)
     res = attention(q, k, v)
     errs = errors(res, *reference(q, k, v))
-    result = run(runner, *SAMPLE_FILES)
+    result = osm("attention", *SAMPLE_FILES)
     assert result.exit_code == 0, result.stderr
     assert result.stderr == ""
     text = result.stdout
@@ -76,15 +69,15 @@ def test_sample_summary_and_trace(runner):
     assert f"{res.trace.steps[0].block_max:.7g}" in text
 
 
-def test_npz_causal_head_and_query(runner, strict_json):
+def test_npz_causal_head_and_query(strict_json):
     q, k, v = sample_qkv()
     res = attention(q, k, v, causal=True, trace_at=(0, 1, 5))
     ref_out, _ = reference(q, k, v, causal=True)
-    result = run(runner, "samples/qkv.npz", "--causal", "--head", 1, "--query", 5)
+    result = osm("attention", "samples/qkv.npz", "--causal", "--head", 1, "--query", 5)
     assert result.exit_code == 0, result.stderr
     assert "causal" in result.stdout and "yes (bottom-right)" in result.stdout
     assert "trace of batch 0, head 1, query 5" in result.stdout
-    doc = strict_json(run(runner, "samples/qkv.npz", "--causal", "--head", 1, "--query", 5,
+    doc = strict_json(osm("attention", "samples/qkv.npz", "--causal", "--head", 1, "--query", 5,
                           "--json").stdout)
     assert (doc["trace"]["head"], doc["trace"]["query"]) == (1, 5)
     assert doc["trace"]["out"] == res.out[1, 5].tolist()
@@ -92,10 +85,10 @@ def test_npz_causal_head_and_query(runner, strict_json):
     assert doc["causal"] is True and doc["causal_align"] == "bottom-right"
 
 
-def test_causal_sample_skips_tiles(runner, strict_json):
+def test_causal_sample_skips_tiles(strict_json):
     q, k, v = sample_qkv("causal.npz")
     res = attention(q, k, v, causal=True, block_q=4, block_k=2, trace_at=(0, 1, 2))
-    result = run(runner, "samples/causal.npz", "--causal", "--head", 1, "--query", 2,
+    result = osm("attention", "samples/causal.npz", "--causal", "--head", 1, "--query", 2,
                  "--block-q", 4, "--block-k", 2, "--json")
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
@@ -105,9 +98,9 @@ def test_causal_sample_skips_tiles(runner, strict_json):
     assert any(s["skipped"] for s in doc["trace"]["steps"])
 
 
-def test_out_and_lse_files_equal_the_api(runner, tmp_path):
+def test_out_and_lse_files_equal_the_api(tmp_path):
     o_path, lse_path = tmp_path / "o.npy", tmp_path / "lse.npy"
-    result = run(runner, *SAMPLE_FILES, "--out", o_path, "--lse", lse_path, "--no-reference")
+    result = osm("attention", *SAMPLE_FILES, "--out", o_path, "--lse", lse_path, "--no-reference")
     assert result.exit_code == 0, result.stderr
     assert "skipped (--no-reference)" in result.stdout
     res = attention(*(np.load(p) for p in SAMPLE_FILES))
@@ -119,13 +112,13 @@ def test_out_and_lse_files_equal_the_api(runner, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lse.npy", "o.npy"]  # no temporaries
 
 
-def test_out_and_lse_bnhd_gqa_masked_rows(runner, tmp_path):
+def test_out_and_lse_bnhd_gqa_masked_rows(tmp_path):
     """(B, N, H, d) with GQA and t > s bottom-right causal: LSE is FlashAttention's (B, H, t),
     +inf on empty rows."""
-    q, k, v = rand(2, 6, 4, 3, seed=1), rand(2, 4, 2, 3, seed=2), rand(2, 4, 2, 5, seed=3)
+    q, k, v = qkv(6, 4, 3, dv=5, heads=(4, 2), b=2, seed=1, dtype=F32, layout="bnhd")
     paths = write(tmp_path, q=q, k=k, v=v)
     o_path, lse_path = tmp_path / "o.npy", tmp_path / "lse.npy"
-    result = run(runner, *paths, "--layout", "bnhd", "--causal", "--masked-lse", "pos-inf",
+    result = osm("attention", *paths, "--layout", "bnhd", "--causal", "--masked-lse", "pos-inf",
                  "--block-k", 3, "--out", o_path, "--lse", lse_path)
     assert result.exit_code == 0, result.stderr
     res = attention(q, k, v, layout="bnhd", causal=True, masked_lse="pos-inf", block_k=3)
@@ -138,11 +131,11 @@ def test_out_and_lse_bnhd_gqa_masked_rows(runner, tmp_path):
     assert "16 (output 0, LSE pos-inf)" in result.stdout  # 2 batches × 4 heads × 2 rows
 
 
-def test_json_is_strict_and_complete(runner, strict_json):
+def test_json_is_strict_and_complete(strict_json):
     q, k, v = sample_qkv()
     res = attention(q, k, v, block_k=3, trace_at=(0, 1, 6))
     errs = errors(res, *reference(q, k, v))
-    result = run(runner, "samples/qkv.npz", "--block-k", 3, "--batch", 0, "--head", 1,
+    result = osm("attention", "samples/qkv.npz", "--block-k", 3, "--batch", 0, "--head", 1,
                  "--query", 6, "--json")
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
@@ -161,9 +154,10 @@ def test_json_is_strict_and_complete(runner, strict_json):
     assert steps[-1]["l"] > 0
 
 
-def test_json_with_fully_masked_rows_uses_strings(runner, strict_json, tmp_path):
-    paths = write(tmp_path, q=rand(5, 3, seed=4), k=rand(2, 3, seed=5), v=rand(2, 3, seed=6))
-    result = run(runner, *paths, "--causal", "--query", 1, "--json")
+def test_json_with_fully_masked_rows_uses_strings(strict_json, tmp_path):
+    q, k, v = qkv(5, 2, 3, seed=4, dtype=F32)
+    paths = write(tmp_path, q=q, k=k, v=v)
+    result = osm("attention", *paths, "--causal", "--query", 1, "--json")
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
     assert doc["masked_rows"] == 3 and doc["max_lse_err"] < 1e-6
@@ -173,11 +167,11 @@ def test_json_with_fully_masked_rows_uses_strings(runner, strict_json, tmp_path)
 
 @pytest.mark.parametrize("extra", [["--form", "merge"], ["--causal-align", "top-left", "--causal"],
                                    ["--window", "-1,0"], ["--window", "2,1"], ["--scale", "0.25"]])
-def test_options_match_the_api(runner, tmp_path, extra):
-    q, k, v = rand(2, 7, 4, seed=7), rand(2, 9, 4, seed=8), rand(2, 9, 3, seed=9)
+def test_options_match_the_api(tmp_path, extra):
+    q, k, v = qkv(7, 9, 4, dv=3, heads=(2, 2), seed=7, dtype=F32)
     paths = write(tmp_path, q=q, k=k, v=v)
     o_path = tmp_path / "o.npy"
-    result = run(runner, *paths, "--block-q", 3, "--block-k", 4, "--out", o_path, *extra)
+    result = osm("attention", *paths, "--block-q", 3, "--block-k", 4, "--out", o_path, *extra)
     assert result.exit_code == 0, result.stderr
     kw = {"form": "merge"} if extra[0] == "--form" else {}
     if "--causal" in extra:
@@ -190,11 +184,12 @@ def test_options_match_the_api(runner, tmp_path, extra):
     np.testing.assert_array_equal(np.load(o_path), res.out)
 
 
-def test_window_minus_one_zero_is_causal(runner, tmp_path, strict_json):
-    paths = write(tmp_path, q=rand(9, 4, seed=10), k=rand(9, 4, seed=11), v=rand(9, 4, seed=12))
+def test_window_minus_one_zero_is_causal(tmp_path, strict_json):
+    q, k, v = qkv(9, 9, 4, seed=10, dtype=F32)
+    paths = write(tmp_path, q=q, k=k, v=v)
     tiles = ("--block-q", 2, "--block-k", 2, "--query", 5, "--json")
-    a = strict_json(run(runner, *paths, "--causal", *tiles).stdout)
-    b = strict_json(run(runner, *paths, "--window", "-1,0", *tiles).stdout)
+    a = strict_json(osm("attention", *paths, "--causal", *tiles).stdout)
+    b = strict_json(osm("attention", *paths, "--window", "-1,0", *tiles).stdout)
     assert a["trace"]["out"] == b["trace"]["out"]
     # 5 × 5 tiles of 2: the 15 on or below the diagonal are computed, the 10 above skipped
     assert (a["tiles_computed"], a["tiles_skipped"]) == (b["tiles_computed"],
@@ -202,20 +197,20 @@ def test_window_minus_one_zero_is_causal(runner, tmp_path, strict_json):
     assert [s["skipped"] for s in a["trace"]["steps"]] == [False] * 3 + [True] * 2
 
 
-def test_bool_mask_file(runner, tmp_path, strict_json):
-    q, k, v = rand(2, 6, 4, seed=13), rand(2, 8, 4, seed=14), rand(2, 8, 4, seed=15)
+def test_bool_mask_file(tmp_path, strict_json):
+    q, k, v = qkv(6, 8, 4, heads=(2, 2), seed=13, dtype=F32)
     keep = np.ones((1, 2, 1, 8), bool)
     keep[..., :4] = False
     paths = write(tmp_path, q=q, k=k, v=v, m=keep)
-    doc = strict_json(run(runner, *paths[:3], "--mask", paths[3], "--block-k", 4,
+    doc = strict_json(osm("attention", *paths[:3], "--mask", paths[3], "--block-k", 4,
                           "--json").stdout)
     assert (doc["tiles_computed"], doc["tiles_skipped"]) == (1, 1)
     res = attention(q, k, v, mask=keep, block_k=4)
     assert doc["trace"]["out"] == res.out[0, 0].tolist()
 
 
-def test_help_and_python_m(runner):
-    result = runner.invoke(app, ["attention", "--help"])
+def test_help_and_python_m():
+    result = osm("attention", "--help")
     assert result.exit_code == 0 and "Examples" in result.stdout
     proc = subprocess.run([sys.executable, "-m", "osm_cli", "attention", *SAMPLE_FILES,
                            "--no-reference"], capture_output=True, text=True, check=False)
@@ -228,14 +223,16 @@ def test_help_and_python_m(runner):
 
 
 def _bad_arrays():
-    q, k, v = rand(4, 8), rand(5, 8, seed=1), rand(5, 3, seed=2)
+    q, k, v = qkv(4, 5, 8, dv=3, dtype=F32)
     nan_q, inf_k, inf_v = q.copy(), k.copy(), v.copy()
     nan_q[2, 3], inf_k[0, 0], inf_v[4, 2] = np.nan, np.inf, -np.inf
     return {
-        "head dims": ((q, rand(5, 7), v), "Q and K head dims differ"),
-        "kv lengths": ((q, k, rand(6, 3)), "K and V sequence lengths differ"),
-        "gqa heads": ((rand(3, 4, 8), rand(2, 5, 8), rand(2, 5, 3)), "multiple of the kv heads"),
-        "batch": ((rand(2, 1, 4, 8), rand(3, 1, 5, 8), rand(3, 1, 5, 3)), "batch sizes differ"),
+        "head dims": ((q, rand(5, 7, dtype=F32), v), "Q and K head dims differ"),
+        "kv lengths": ((q, k, rand(6, 3, dtype=F32)), "K and V sequence lengths differ"),
+        "gqa heads": ((rand(3, 4, 8, dtype=F32), rand(2, 5, 8, dtype=F32),
+                       rand(2, 5, 3, dtype=F32)), "multiple of the kv heads"),
+        "batch": ((rand(2, 1, 4, 8, dtype=F32), rand(3, 1, 5, 8, dtype=F32),
+                   rand(3, 1, 5, 3, dtype=F32)), "batch sizes differ"),
         "bool": ((q, k > 0, v), "K has dtype bool"),
         "complex": ((q, k, v.astype(np.complex64)), "V has dtype complex64"),
         "object": ((q, k, v.astype(object)), "Python objects"),
@@ -247,9 +244,9 @@ def _bad_arrays():
 
 
 @pytest.mark.parametrize("case", list(_bad_arrays()))
-def test_bad_arrays(runner, tmp_path, case):
+def test_bad_arrays(tmp_path, case):
     (q, k, v), words = _bad_arrays()[case]
-    result = run(runner, *write(tmp_path, q=q, k=k, v=v))
+    result = osm("attention", *write(tmp_path, q=q, k=k, v=v))
     assert_one_error_line(result, words=words)
 
 
@@ -262,8 +259,8 @@ def test_bad_arrays(runner, tmp_path, case):
     (["--query", "8"], "traced row (batch 0, head 0, query 8) is outside"),
     (["--batch", "1"], "traced row (batch 1, head 0, query 0) is outside"),
 ])
-def test_bad_options(runner, args, words):
-    assert_one_error_line(run(runner, *SAMPLE_FILES, *args), words=words)
+def test_bad_options(args, words):
+    assert_one_error_line(osm("attention", *SAMPLE_FILES, *args), words=words)
 
 
 @pytest.mark.parametrize(("mask", "words"), [
@@ -273,12 +270,12 @@ def test_bad_options(runner, args, words):
     (np.full((8, 8), np.nan), "holds NaN"),
     (np.ones((8, 8), np.complex128), "complex"),
 ])
-def test_bad_masks(runner, tmp_path, mask, words):
+def test_bad_masks(tmp_path, mask, words):
     (path,) = write(tmp_path, m=mask)
-    assert_one_error_line(run(runner, *SAMPLE_FILES, "--mask", path), words=words)
+    assert_one_error_line(osm("attention", *SAMPLE_FILES, "--mask", path), words=words)
 
 
-def test_bad_files(runner, tmp_path):
+def test_bad_files(tmp_path):
     np.savez(tmp_path / "other.npz", a=np.zeros(3), q=np.zeros((2, 2)))
     (tmp_path / "text.npy").write_text("not an array")
     cases = [
@@ -292,22 +289,25 @@ def test_bad_files(runner, tmp_path):
         ([tmp_path], "is a directory"),
     ]
     for args, words in cases:
-        assert_one_error_line(run(runner, *args), words=words)
+        assert_one_error_line(osm("attention", *args), words=words)
 
 
 @pytest.mark.parametrize("args", [["--block-q", "0"], ["--block-k", "0"], ["--block-q", "-4"],
                                   ["--head", "-1"], ["--masked-lse", "nan"],
                                   ["--layout", "bshd"]])
-def test_bad_option_values_exit_2(runner, args):
-    result = run(runner, *SAMPLE_FILES, *args)
+def test_bad_option_values_exit_2(args):
+    result = osm("attention", *SAMPLE_FILES, *args)
     assert result.exit_code == 2, result.stdout
     assert f"Invalid value for '{args[0]}'" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
 
 
-def test_no_files_is_a_usage_error(runner):
-    result = run(runner)
-    assert result.exit_code == 2
+def test_no_files_is_a_usage_error():
+    result = osm("attention")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("Usage: osm attention [OPTIONS] [files]...")
+    assert result.stderr.rstrip().endswith(
+        "Error: Invalid value for FILES: give Q K V as files (or one .npz), or --random B,H,N,d")
     assert "Traceback" not in result.stdout + result.stderr
 
 
@@ -315,21 +315,21 @@ def test_no_files_is_a_usage_error(runner):
 # Bugs found while writing these tests, now fixed: each test guards its fix
 
 
-def test_no_keys_with_reference(runner, tmp_path):
-    paths = write(tmp_path, q=rand(4, 8), k=np.zeros((0, 8), np.float32),
+def test_no_keys_with_reference(tmp_path):
+    paths = write(tmp_path, q=rand(4, 8, dtype=F32), k=np.zeros((0, 8), np.float32),
                   v=np.zeros((0, 3), np.float32))
-    result = run(runner, *paths)
+    result = osm("attention", *paths)
     assert result.exit_code == 0, result.stderr
     assert "4 (output 0, LSE neg-inf)" in result.stdout
 
 
-def test_zero_head_dim_is_not_an_internal_error(runner, tmp_path):
+def test_zero_head_dim_is_not_an_internal_error(tmp_path):
     paths = write(tmp_path, q=np.zeros((4, 0), np.float32), k=np.zeros((6, 0), np.float32),
-                  v=rand(6, 3))
-    assert_one_error_line(run(runner, *paths), words="head dim d = 0")
+                  v=rand(6, 3, dtype=F32))
+    assert_one_error_line(osm("attention", *paths), words="head dim d = 0")
 
 
-def test_plus_inf_mask_is_refused(runner, tmp_path):
+def test_plus_inf_mask_is_refused(tmp_path):
     mask = np.zeros((8, 8))
     mask[0, 1] = np.inf
     (path,) = write(tmp_path, m=mask)
@@ -337,12 +337,12 @@ def test_plus_inf_mask_is_refused(runner, tmp_path):
     # what a user sees: the command's own exit code and stderr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        result = run(runner, *SAMPLE_FILES, "--mask", path)
+        result = osm("attention", *SAMPLE_FILES, "--mask", path)
     assert_one_error_line(result, words="inf")
 
 
-def test_lazy_and_reordered_run_is_compared_with_forward_eager(runner):
-    result = run(runner, "samples/qkv.npz", "--rescale-threshold", "1", "--block-k", "2",
+def test_lazy_and_reordered_run_is_compared_with_forward_eager():
+    result = osm("attention", "samples/qkv.npz", "--rescale-threshold", "1", "--block-k", "2",
                  "--order", "reverse", "--query", "3")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
@@ -354,13 +354,14 @@ def test_lazy_and_reordered_run_is_compared_with_forward_eager(runner):
     assert [r[0] for r in rows] == ["2", "1", "0"]
 
 
-def test_naive_precision_run_is_one_shot_in_table_and_json(runner, strict_json):
-    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive")
+def test_naive_precision_run_is_one_shot_in_table_and_json(strict_json):
+    result = osm("attention", "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive")
     assert result.exit_code == 0, result.stderr
     assert "tiles                   none: plain attention computes all scores at once" in (
         result.stdout)
     assert "rescales" not in result.stdout.split("precision")[0]
-    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive", "--json")
+    result = osm("attention", "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive",
+                 "--json")
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
     assert (doc["mask"], doc["tiles_total"], doc["tiles_computed"]) == ("none", 0, 0)
@@ -368,16 +369,16 @@ def test_naive_precision_run_is_one_shot_in_table_and_json(runner, strict_json):
 
 @pytest.mark.parametrize("option", [("--order", "reverse"), ("--order", "shuffle"),
                                     ("--rescale-threshold", "0.5")])
-def test_naive_precision_refuses_tile_options(runner, option):
+def test_naive_precision_refuses_tile_options(option):
     """Plain attention has no K/V tiles to reorder or rescale lazily: refused like --splits,
     not run and reported as 0 difference from itself."""
-    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive", *option)
+    result = osm("attention", "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive", *option)
     assert_one_error_line(result, words=f"Error: {option[0]} needs the tiled run; --precision "
                                         "naive is one-shot attention")
 
 
-def test_naive_precision_traced_row_out_of_range(runner):
-    result = run(runner, "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive",
+def test_naive_precision_traced_row_out_of_range():
+    result = osm("attention", "samples/qkv.npz", "--dtype", "fp16", "--precision", "naive",
                  "--query", "100")
     assert_one_error_line(result)
     assert result.stderr == ("Error: traced row (batch 0, head 0, query 100) is outside Q's "

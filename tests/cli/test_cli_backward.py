@@ -7,17 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm, render_text
 from osm_cli.flash.backward import attention_backward
 from osm_cli.flash.options import ScoreOptions, Tiling
 from osm_cli.present import backward as render
 from osm_cli.reports.backward import backward_report
 
 SAMPLES = ["samples/q.npy", "samples/k.npy", "samples/v.npy", "samples/do.npy"]
-
-
-def run(runner, *args):
-    return runner.invoke(app, ["backward", *map(str, args)])
 
 
 def assert_one_error_line(result, code=1, words=None):
@@ -43,12 +39,6 @@ def page(rep, width):
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
-def render_text(renderable, width):
-    from tests.conftest import render_text as rt
-
-    return rt(renderable, width)
-
-
 @pytest.mark.parametrize("width", [80, 100])
 def test_worked_example_as_printed(width):
     """The README's example: one query, two keys, each key its own K/V tile, so the query trace
@@ -66,9 +56,9 @@ def test_worked_example_as_printed(width):
     assert " 0   -0.786447733   -0.786447733   0.7310585786" in text
 
 
-def test_cli_matches_the_api_and_writes_the_gradients(runner, tmp_path):
+def test_cli_matches_the_api_and_writes_the_gradients(tmp_path):
     outs = [tmp_path / f"{n}.npy" for n in ("dq", "dk", "dv")]
-    result = run(runner, *SAMPLES, "--causal", "--block-q", 2, "--block-k", 2, "--key", 3,
+    result = osm("backward", *SAMPLES, "--causal", "--block-q", 2, "--block-k", 2, "--key", 3,
                  "--query", 5, "--head", 1, "--dq", outs[0], "--dk", outs[1], "--dv", outs[2])
     assert result.exit_code == 0, result.stderr
     q, k, v, do = (np.load(p) for p in SAMPLES)
@@ -81,9 +71,9 @@ def test_cli_matches_the_api_and_writes_the_gradients(runner, tmp_path):
     assert "10 computed, 6 skipped of 16" in result.stdout
 
 
-def test_json_and_csv(runner, tmp_path, strict_json):
+def test_json_and_csv(tmp_path, strict_json):
     csv = tmp_path / "t.csv"
-    result = run(runner, *SAMPLES, "--block-k", 2, "--block-q", 4, "--json", "--csv", csv)
+    result = osm("backward", *SAMPLES, "--block-k", 2, "--block-q", 4, "--json", "--csv", csv)
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
     assert doc["tiles_total"] == 8 and doc["own_forward"] is True
@@ -96,7 +86,7 @@ def test_json_and_csv(runner, tmp_path, strict_json):
     assert len(lines) == 1 + 2 + 4
 
 
-def test_kernel_forward_and_dtype(runner, tmp_path):
+def test_kernel_forward_and_dtype(tmp_path):
     """--o/--lse: the kernel's saved forward; --dtype: the flash model and each gradient's rule."""
     q, k, v, do = (np.load(p) for p in SAMPLES)
     from osm_cli.flash.forward import attention
@@ -104,7 +94,7 @@ def test_kernel_forward_and_dtype(runner, tmp_path):
     fwd = attention(q, k, v)
     np.save(tmp_path / "o.npy", fwd.out)
     np.save(tmp_path / "lse.npy", fwd.lse)
-    result = run(runner, *SAMPLES, "--o", tmp_path / "o.npy", "--lse", tmp_path / "lse.npy",
+    result = osm("backward", *SAMPLES, "--o", tmp_path / "o.npy", "--lse", tmp_path / "lse.npy",
                  "--dtype", "bf16")
     assert result.exit_code == 0, result.stderr
     assert "given O and LSE (a kernel's saved forward)" in result.stdout
@@ -114,8 +104,8 @@ def test_kernel_forward_and_dtype(runner, tmp_path):
     assert "verdict              PASS" in result.stdout
 
 
-def test_bundle_with_do(runner, strict_json):
-    result = run(runner, "samples/backward_tiny.npz", "--scale", 1, "--json")
+def test_bundle_with_do(strict_json):
+    result = osm("backward", "samples/backward_tiny.npz", "--scale", 1, "--json")
     assert result.exit_code == 0, result.stderr
     doc = strict_json(result.stdout)
     assert doc["traced_rows"]["dq"] == pytest.approx([-0.786447733, 0.786447733])
@@ -134,21 +124,21 @@ def test_bundle_with_do(runner, strict_json):
     (lambda t: [*SAMPLES, "--key", 8], "traced key 8 is outside K's 8 keys"),
     (lambda t: [*SAMPLES[:3], _save(t, "do", np.full((2, 8, 4), np.inf))], "dO holds inf"),
 ])
-def test_bad_input_is_one_error_line(runner, tmp_path, make, words):
-    assert_one_error_line(run(runner, *make(tmp_path)), words=words)
+def test_bad_input_is_one_error_line(tmp_path, make, words):
+    assert_one_error_line(osm("backward", *make(tmp_path)), words=words)
 
 
-def test_bad_dtype_is_a_usage_error(runner):
-    result = run(runner, *SAMPLES, "--dtype", "fp12")
+def test_bad_dtype_is_a_usage_error():
+    result = osm("backward", *SAMPLES, "--dtype", "fp12")
     assert result.exit_code == 2 and "fp12" in result.stderr
 
 
-def test_outputs_all_or_none(runner, tmp_path):
+def test_outputs_all_or_none(tmp_path):
     dq = tmp_path / "dq.npy"
-    result = run(runner, *SAMPLES, "--dq", dq, "--dk", tmp_path / "missing" / "dk.npy")
+    result = osm("backward", *SAMPLES, "--dq", dq, "--dk", tmp_path / "missing" / "dk.npy")
     assert_one_error_line(result)
     assert not dq.exists()
-    result = run(runner, *SAMPLES, "--dq", dq, "--dk", dq)
+    result = osm("backward", *SAMPLES, "--dq", dq, "--dk", dq)
     assert_one_error_line(result)
     assert not dq.exists()
 

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm, qkv
 from osm_cli.flash import mods
 from osm_cli.flash.options import ScoreOptions
 from osm_cli.flash.reference import reference
@@ -21,10 +21,10 @@ DOCS = np.repeat([0, 1, 2, 3], [1, 40, 29, 30])
 
 @pytest.fixture
 def files(tmp_path):
-    rng = np.random.default_rng(0)
     bf = ml_dtypes.bfloat16
-    arrays = {n: rng.standard_normal((1, 2, 100, 16)).astype(bf).astype(np.float32)
-              for n in ("q", "k", "v", "do")}
+    arrays = {n: x.astype(np.float32) for n, x in
+              zip("q k v do".split(), qkv(100, 100, 16, heads=(2, 2), b=1, dtype=bf, do=True),
+                  strict=True)}
     for name, x in {**arrays, "ids": DOCS}.items():
         np.save(tmp_path / f"{name}.npy", x)
     (tmp_path / "user.py").write_text(
@@ -45,10 +45,10 @@ def _mods(tmp):
     return [a.format(tmp) for a in MODS]
 
 
-def test_attention_shows_the_mods_the_block_mask_and_the_kinds(runner, files):
+def test_attention_shows_the_mods_the_block_mask_and_the_kinds(files):
     qkv = [str(files / f"{n}.npy") for n in "qkv"]
-    res = runner.invoke(app, ["attention", *qkv, *_mods(files), "--block-q", "16",
-                              "--block-k", "16", "--query", "60"], env={"COLUMNS": "100"})
+    res = osm("attention", *qkv, *_mods(files), "--block-q", "16",
+              "--block-k", "16", "--query", "60", width=100)
     assert res.exit_code == 0, res.stderr
     text = res.stdout
     assert "score_mod softcap:3 (exact derivative), mask_mod document & causal" in text
@@ -56,29 +56,29 @@ def test_attention_shows_the_mods_the_block_mask_and_the_kinds(runner, files):
     assert "block mask: f a full tile (no mask applied), p a partial one (masked)" in text
     assert [ln.split()[:2] for ln in text.splitlines() if " p " in ln[:8]] == [
         ["2", "p"], ["3", "p"]]
-    doc = json.loads(runner.invoke(app, ["attention", *qkv, *_mods(files), "--block-q", "16",
-                                         "--block-k", "16", "--query", "60", "--json"]).stdout)
+    doc = json.loads(osm("attention", *qkv, *_mods(files), "--block-q", "16",
+                         "--block-k", "16", "--query", "60", "--json").stdout)
     assert doc["tiles_partial"] == 15 and doc["mods"].startswith("score_mod softcap:3")
     assert [st.get("kind") for st in doc["trace"]["steps"] if not st["skipped"]] == ["partial",
                                                                             "partial"]
 
 
-def test_a_python_score_mod_with_differences_in_the_backward(runner, files):
+def test_a_python_score_mod_with_differences_in_the_backward(files):
     args = [str(files / f"{n}.npy") for n in ("q", "k", "v", "do")]
-    res = runner.invoke(app, ["backward", *args, "--score-mod", f"python:{files}/user.py:cap",
-                              "--mask-mod", "causal"], env={"COLUMNS": "120"})
+    res = osm("backward", *args, "--score-mod", f"python:{files}/user.py:cap",
+              "--mask-mod", "causal", width=120)
     assert res.exit_code == 0, res.stderr
     assert f"score_mod python:{files}/user.py:cap (finite differences derivative)" in \
         " ".join(res.stdout.split())
 
 
-def test_check_passes_the_matching_mods_and_fails_without_the_document_mask(runner, files):
+def test_check_passes_the_matching_mods_and_fails_without_the_document_mask(files):
     base = ["check", *(str(files / f"{n}.npy") for n in ("out", "q", "k", "v")), "--dtype",
             "bf16"]
-    good = runner.invoke(app, [*base, *_mods(files)])
+    good = osm(*base, *_mods(files))
     assert good.exit_code == 0, good.stdout + good.stderr
     assert "PASS" in good.stdout
-    bad = runner.invoke(app, [*base, "--score-mod", "softcap:3", "--mask-mod", "causal"])
+    bad = osm(*base, "--score-mod", "softcap:3", "--mask-mod", "causal")
     assert bad.exit_code == 1 and "FAIL" in bad.stdout
 
 
@@ -90,15 +90,15 @@ def test_check_passes_the_matching_mods_and_fails_without_the_document_mask(runn
     (["--score-mod", "python:{}/user.py:scalar"], "must take numpy arrays"),
     (["--mask-mod", "document:{}/missing.npy"], "missing.npy"),
 ])
-def test_bad_specs_are_one_error_line(runner, files, args, says):
+def test_bad_specs_are_one_error_line(files, args, says):
     qkv = [str(files / f"{n}.npy") for n in "qkv"]
-    res = runner.invoke(app, ["attention", *qkv, *(a.format(files) for a in args)])
+    res = osm("attention", *qkv, *(a.format(files) for a in args))
     assert res.exit_code == 1, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], res.stderr
 
 
-def test_check_block_mask_fails_a_partial_tile_declared_full(runner, files):
+def test_check_block_mask_fails_a_partial_tile_declared_full(files):
     """A FlexAttention block mask of the causal document mask (t = s = 100 in 32-blocks) passes;
     the same with a partial diagonal tile declared full fails, the tile named."""
     from osm_cli.flash.blockmask import FULL, PARTIAL, block_kinds
@@ -120,36 +120,36 @@ def test_check_block_mask_fails_a_partial_tile_declared_full(runner, files):
     save(wrong, "wrong.npz")
     base = ["check", *(str(files / f"{n}.npy") for n in ("out", "q", "k", "v")), "--dtype",
             "bf16", *_mods(files)]
-    good = runner.invoke(app, [*base, "--block-mask", str(files / "good.npz")])
+    good = osm(*base, "--block-mask", str(files / "good.npz"))
     assert good.exit_code == 0, good.stdout + good.stderr
     assert "block mask PASS: 0 wrong of 32 tiles (block 32×32 against document & causal)" in \
         good.stdout
-    bad = runner.invoke(app, [*base, "--block-mask", str(files / "wrong.npz")])
+    bad = osm(*base, "--block-mask", str(files / "wrong.npz"))
     assert bad.exit_code == 1
     assert ("FAIL: block mask: batch 0, head 1, Q tile 3 (rows 96:100), K/V tile 3 (keys "
             "96:100): claimed full but partial: its mask is never applied") in bad.stderr
 
 
-def test_trace_and_sweep_take_the_mods(runner, files):
+def test_trace_and_sweep_take_the_mods(files):
     """osm trace: row r is q_idx r, position j kv_idx j, so sliding:1 on row 2 of a 3 × 3
     matrix keeps keys 1 and 2; osm sweep on Q/K/V runs the mods in every tile size."""
-    res = runner.invoke(app, ["trace", "--values", "1,2,5", "-b", "1", "--mask-mod",
-                              "sliding:1", "--json"])
+    res = osm("trace", "--values", "1,2,5", "-b", "1", "--mask-mod",
+              "sliding:1", "--json")
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["m"] == 1.0  # row 0 (q_idx 0) sees only key 0
     (files / "m.txt").write_text("1 2 5\n1 2 5\n1 2 5\n")
-    res = runner.invoke(app, ["trace", str(files / "m.txt"), "--row", "2", "-b", "1",
-                              "--mask-mod", "sliding:1", "--score-mod", "tanh-gate", "--json"])
+    res = osm("trace", str(files / "m.txt"), "--row", "2", "-b", "1",
+              "--mask-mod", "sliding:1", "--score-mod", "tanh-gate", "--json")
     doc = json.loads(res.stdout)  # per row: row 0 sees key 0, row 1 keys 0:2, row 2 keys 1:3
     assert doc["m"] == [float(np.tanh(x)) for x in (1.0, 2.0, 5.0)]
     assert doc["l"][2] == pytest.approx(np.exp(np.tanh(2.0) - np.tanh(5.0)) + 1, rel=1e-15)
-    both = runner.invoke(app, ["trace", "--values", "1,2", "--softcap", "2", "--score-mod",
-                               "softcap:2"])
+    both = osm("trace", "--values", "1,2", "--softcap", "2", "--score-mod",
+               "softcap:2")
     assert both.exit_code == 1 and "not both" in both.stderr
     qkv = [str(files / f"{n}.npy") for n in "qkv"]
-    sw = runner.invoke(app, ["sweep", *qkv, "--blocks", "16,32", "--block-q", "16", "--json",
-                             *_mods(files)])
+    sw = osm("sweep", *qkv, "--blocks", "16,32", "--block-q", "16", "--json",
+             *_mods(files))
     assert sw.exit_code == 0, sw.stderr
     from osm_cli.studies.tilemap import kind_map
 

@@ -115,10 +115,24 @@ def test_attention_refusals(runner, args, line):
     assert error_line(r) == line
 
 
-def test_tiles_keeps_order_form_splits(runner):
-    r = osm("attention", *QKV, "--dtype", "bf16", "--kernel", "tiles", "--order",
-            "reverse", "--splits", "2", "--form", "merge")
-    assert r.exit_code == 0, r.output
+def test_tiles_keeps_order_form_splits():
+    """--kernel tiles is osm's own loop, so it takes what the presets refuse: the K/V tiles in
+    reverse (the traced row's tiles 6:8 first, the baseline names the order), two split-KV
+    ranges merged (0:4 and 4:8) and the merge form (its bf16 state rounds otherwise than the
+    rescale form's: the traced row's O differs from the same run in the rescale form)."""
+    base = ("attention", *QKV, "--dtype", "bf16", "--kernel", "tiles", "--order", "reverse",
+            "--splits", "2", "--block-k", "2", "--json")
+    merge = json.loads(osm(*base, "--form", "merge", code=0).stdout)
+    rescale = json.loads(osm(*base, "--form", "rescale", code=0).stdout)
+    assert merge["kernel"] == "tiles" and merge["baseline"]["order"] == "reverse"
+    assert [(s["start"], s["stop"]) for s in merge["trace"]["steps"]] == [
+        (6, 8), (4, 6), (2, 4), (0, 2)]
+    assert [(x["split"], x["start"], x["stop"]) for x in merge["splits"]] == [
+        (0, 0, 4), (1, 4, 8)]
+    assert merge["trace"]["out"] != rescale["trace"]["out"]
+    assert [s["start"] for s in rescale["trace"]["steps"]] == [6, 4, 2, 0]
+    text = osm(*base[:-1], "--form", "merge", code=0).stdout
+    assert "K/V tiles reverse" in text and "split-KV (Flash-Decoding)" in text
 
 
 def test_masked_lse_override(runner):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shlex
 
-from osm_cli.cli import app
+from conftest import osm
 from osm_cli.cli.tour import SCREENS
 
 
-def test_piped_prints_every_screen_with_its_commands_output(runner):
-    r = runner.invoke(app, ["tour"])
+def test_piped_prints_every_screen_with_its_commands_output():
+    r = osm("tour")
     assert r.exit_code == 0, r.output
     assert r.stderr == ""
     text = r.stdout
@@ -18,7 +18,7 @@ def test_piped_prints_every_screen_with_its_commands_output(runner):
     for n, (heading, _, line) in enumerate(SCREENS, start=1):
         at = text.index(f"{heading}  ({n} of {len(SCREENS)})", at)  # in order
         at = text.index(f"$ osm {line}\n", at)
-        alone = runner.invoke(app, shlex.split(line)).stdout
+        alone = osm(*shlex.split(line)).stdout
         assert text[at + len(line) + 7:].startswith(alone), line
     # the seed's path: overflow, the two worked examples, the guard, O, a mask, bf16, backward
     assert [line.split()[0] for _, _, line in SCREENS] == [
@@ -27,8 +27,8 @@ def test_piped_prints_every_screen_with_its_commands_output(runner):
     assert "α = 0: the guard." in text
 
 
-def test_start_at_a_screen(runner):
-    r = runner.invoke(app, ["tour", "--screen", "8"])
+def test_start_at_a_screen():
+    r = osm("tour", "--screen", "8")
     assert r.exit_code == 0
     assert r.stdout.lstrip("─ ").startswith("8. One backward step  (8 of 8)")
     assert "1. Why softmax" not in r.stdout

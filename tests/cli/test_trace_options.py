@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli.cli import app
+from conftest import osm, strict_json
 from osm_cli.core.fold import online_softmax
 from osm_cli.core.reference import stable_softmax
 from osm_cli.present.plot import INSTALL
@@ -29,28 +29,19 @@ ROOT = Path(__file__).resolve().parents[2]
 E = math.exp
 
 
-def run(runner, *args):
-    r = runner.invoke(app, ["trace", *map(str, args)])
-    assert "Traceback" not in r.stdout + r.stderr
-    assert "internal error" not in r.stdout + r.stderr
-    return r
-
-
-def trace_json(runner, strict_json, *args):
-    r = run(runner, *args, "--json")
-    assert r.exit_code == 0, r.stderr
-    return strict_json(r.stdout)
+def trace_json(*args):
+    return strict_json(osm("trace", *args, "--json", code=0).stdout)
 
 
 # ---------------------------------------------------------------------------------------------
 # --order
 
 
-def test_reverse_order_by_hand(runner, strict_json):
+def test_reverse_order_by_hand():
     """[2, 4 | 1, 3] folded in reverse: block 1 first gives m = 3, l = e^-2 + 1 = 1.1353353;
     block 0 then moves m to 4: α = e^-1, l = 1.1353353·e^-1 + e^-2 + 1 = 1.5530018, the same
     final (m, l) as the forward fold."""
-    doc = trace_json(runner, strict_json, "samples/scores.txt", "-b", "2", "--order", "reverse")
+    doc = trace_json("samples/scores.txt", "-b", "2", "--order", "reverse")
     first, second = doc["steps"]
     assert (first["block"], first["start"], first["stop"]) == (1, 2, 4)
     assert first["m"] == 3 and first["l"] == pytest.approx(E(-2) + 1, rel=1e-15)
@@ -62,26 +53,26 @@ def test_reverse_order_by_hand(runner, strict_json):
     assert check["forward_vs_order"] <= 2.3e-16 and check["forward_vs_tree"] <= 2.3e-16
 
 
-def test_shuffle_seed_is_reproducible(runner, strict_json):
+def test_shuffle_seed_is_reproducible():
     args = ("--values", ",".join(str(x) for x in range(20)), "-b", "2", "--order", "shuffle")
-    a = trace_json(runner, strict_json, *args, "--seed", "7")
-    b = trace_json(runner, strict_json, *args, "--seed", "7")
-    c = trace_json(runner, strict_json, *args, "--seed", "8")
+    a = trace_json(*args, "--seed", "7")
+    b = trace_json(*args, "--seed", "7")
+    c = trace_json(*args, "--seed", "8")
     assert a["block_order"] == b["block_order"] == [s["block"] for s in a["steps"]]
     assert sorted(a["block_order"]) == list(range(10))
     assert a["block_order"] != c["block_order"]
     assert a["seed"] == 7
 
 
-def test_order_report_in_table(runner):
-    r = run(runner, "samples/scores.txt", "-b", "1", "--order", "shuffle", "--seed", "3")
+def test_order_report_in_table():
+    r = osm("trace", "samples/scores.txt", "-b", "1", "--order", "shuffle", "--seed", "3")
     assert r.exit_code == 0
     assert "block order shuffle (seed 3):" in r.stdout
     assert "forward vs tree merge" in r.stdout and "shuffle vs tree merge" in r.stdout
 
 
-def test_no_order_no_report(runner):
-    r = run(runner, "samples/scores.txt")
+def test_no_order_no_report():
+    r = osm("trace", "samples/scores.txt")
     assert "block order" not in r.stdout and "tree merge" not in r.stdout
 
 
@@ -137,13 +128,13 @@ def test_lazy_equals_eager(n, block, tau, seed):
     assert rep.max_excess <= tau
 
 
-def test_lazy_cli(runner, strict_json):
-    doc = trace_json(runner, strict_json, "--values", "0,1,2,3", "-b", "1",
+def test_lazy_cli():
+    doc = trace_json("--values", "0,1,2,3", "-b", "1",
                      "--rescale-threshold", "2.5")
     assert doc["rescales"] == 1 and doc["rescales_eager"] == 3 and doc["rescales_saved"] == 2
     assert [s["skipped"] for s in doc["steps"]] == [False, True, True, False]
     assert doc["threshold_units"] == "natural log"
-    r = run(runner, "--values", "0,1,2,3", "-b", "1", "--rescale-threshold", "2.5")
+    r = osm("trace", "--values", "0,1,2,3", "-b", "1", "--rescale-threshold", "2.5")
     assert "1 skip" in r.stdout  # α = 1 marked in the table
     assert "rescales: 1 lazy (τ = 2.5) vs 3 eager: 2 saved, 2 skipped" in r.stdout
     assert "natural log" in r.stdout
@@ -158,8 +149,8 @@ def test_lazy_cli(runner, strict_json):
         (["--order", "sideways"], 2, "--order"),
     ],
 )
-def test_bad_options(runner, args, code, message):
-    r = run(runner, "--values", "1,2,3", *args)
+def test_bad_options(args, code, message):
+    r = osm("trace", "--values", "1,2,3", *args)
     assert r.exit_code == code
     assert message in r.stderr
     if code == 1:
@@ -170,9 +161,9 @@ def test_bad_options(runner, args, code, message):
 # --csv
 
 
-def test_csv_export(runner, tmp_path):
+def test_csv_export(tmp_path):
     path = tmp_path / "steps.csv"
-    r = run(runner, "samples/scores.txt", "-b", "2", "--form", "both", "--csv", path)
+    r = osm("trace", "samples/scores.txt", "-b", "2", "--form", "both", "--csv", path)
     assert r.exit_code == 0
     assert f"wrote {path}" in r.stderr
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
@@ -186,8 +177,8 @@ def test_csv_export(runner, tmp_path):
     assert second["rescaled"] == "false" and second["skipped"] == "false"
 
 
-def test_csv_bad_folder(runner, tmp_path):
-    r = run(runner, "samples/scores.txt", "--csv", tmp_path / "no" / "x.csv")
+def test_csv_bad_folder(tmp_path):
+    r = osm("trace", "samples/scores.txt", "--csv", tmp_path / "no" / "x.csv")
     assert r.exit_code == 1 and r.stderr.startswith("Error: ") and "does not exist" in r.stderr
 
 
@@ -201,10 +192,10 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_plot_png(runner, tmp_path):
+def test_plot_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
     path = tmp_path / "trace.png"
-    r = run(runner, "samples/scores.txt", "-b", "1", "--rescale-threshold", "1.5", "--plot", path)
+    r = osm("trace", "samples/scores.txt", "-b", "1", "--rescale-threshold", "1.5", "--plot", path)
     assert r.exit_code == 0, r.stderr
     data = path.read_bytes()
     assert _png_size(data) == (900, 750)
@@ -212,22 +203,22 @@ def test_plot_png(runner, tmp_path):
     assert len(data) > 20_000  # three panels of lines, not an empty canvas
 
 
-def test_sweep_plot_png(runner, tmp_path):
+def test_sweep_plot_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
     path = tmp_path / "sweep.png"
     args = ["sweep", "samples/matrix.txt", "--blocks", "1,2,4", "--plot", str(path)]
-    r = runner.invoke(app, args)
+    r = osm(*args)
     assert r.exit_code == 0, r.stderr
     assert _png_size(path.read_bytes()) == (900, 750)
 
 
-def test_plot_without_matplotlib(runner, tmp_path, monkeypatch):
+def test_plot_without_matplotlib(tmp_path, monkeypatch):
     for name in list(sys.modules):
         if name == "matplotlib" or name.startswith("matplotlib."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     path = tmp_path / "t.png"
-    r = run(runner, "samples/scores.txt", "--plot", path)
+    r = osm("trace", "samples/scores.txt", "--plot", path)
     assert r.exit_code == 1
     assert r.stderr == f"Error: {INSTALL}\n"
     # right for an installed osm (matplotlib is all the extra adds) and for a clone (its extra)
@@ -240,14 +231,14 @@ def test_plot_without_matplotlib(runner, tmp_path, monkeypatch):
 # --step
 
 
-def test_step_not_a_terminal(runner):
-    r = run(runner, "samples/scores.txt", "-b", "1", "--step")
+def test_step_not_a_terminal():
+    r = osm("trace", "samples/scores.txt", "-b", "1", "--step")
     assert r.exit_code == 0
     assert r.stderr.count("not a terminal") == 1
     assert "showing the whole table" in r.stderr
     assert "online vs one-shot stabilized" in r.stdout
     assert "Enter" not in r.stdout  # no key hints in piped output
-    assert r.stdout == run(runner, "samples/scores.txt", "-b", "1").stdout
+    assert r.stdout == osm("trace", "samples/scores.txt", "-b", "1").stdout
 
 
 class _Console:

@@ -9,18 +9,17 @@ import math
 import numpy as np
 import pytest
 
+from conftest import osm, qkv
 from osm_cli import online_softmax
-from osm_cli.cli import app
 from osm_cli.reports.explain import attention_lines, trace_lines
 
 ATTENTION = ("attention", "samples/causal.npz", "--causal", "--head", "1", "--query", "2",
              "--block-q", "4", "--block-k", "2")
 
 
-def _run(runner, monkeypatch, width, *args):
-    monkeypatch.setenv("COLUMNS", str(width))
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == 0, result.output
+def text(width, *args):
+    """What `osm *args` prints at `width` columns (exit 0, nothing on stderr)."""
+    result = osm(*args, width=width, code=0)
     assert result.stderr == ""
     return result.stdout
 
@@ -33,9 +32,9 @@ def _section(out: str, title: str) -> list[str]:
 
 
 @pytest.mark.parametrize("width", [72, 80, 100])
-def test_the_max_moves(runner, monkeypatch, width):
+def test_the_max_moves(width):
     """Blocks [1, 2] then [5, 3]: the seed's second example, every number as the table has it."""
-    out = _run(runner, monkeypatch, width, "trace", "--values", "1,2,5,3", "-b", "2",
+    out = text(width, "trace", "--values", "1,2,5,3", "-b", "2",
                "--explain")
     assert _section(out, "each block's arithmetic") == [
         "block 0, keys 0:2, scores [1, 2]",
@@ -54,8 +53,8 @@ def test_the_max_moves(runner, monkeypatch, width):
 
 
 @pytest.mark.parametrize("width", [72, 80])
-def test_merge_form(runner, monkeypatch, width):
-    out = _run(runner, monkeypatch, width, "trace", "--values", "1,2,5,3", "-b", "2",
+def test_merge_form(width):
+    out = text(width, "trace", "--values", "1,2,5,3", "-b", "2",
                "--form", "merge", "--explain")
     assert _section(out, "each block's arithmetic")[6:] == [
         "block 1, keys 2:4, scores [5, 3]",
@@ -67,8 +66,8 @@ def test_merge_form(runner, monkeypatch, width):
     ]
 
 
-def test_a_fully_masked_row_names_the_guard(runner, monkeypatch):
-    out = _run(runner, monkeypatch, 80, "trace", "--values", "-inf,-inf,-inf", "-b", "2",
+def test_a_fully_masked_row_names_the_guard():
+    out = text(80, "trace", "--values", "-inf,-inf,-inf", "-b", "2",
                "--explain")
     lines = _section(out, "each block's arithmetic")
     assert lines[:2] == ["block 0, keys 0:2, scores [-inf, -inf]",
@@ -77,8 +76,8 @@ def test_a_fully_masked_row_names_the_guard(runner, monkeypatch):
     assert "   l = 0·0 + 2 × exp(-inf) = 0" in lines
 
 
-def test_long_blocks_sum_as_one_number_and_wrap_indented(runner, monkeypatch):
-    out = _run(runner, monkeypatch, 80, "trace", "--values", "0,1,2,3,4,5,6,7", "-b", "4",
+def test_long_blocks_sum_as_one_number_and_wrap_indented():
+    out = text(80, "trace", "--values", "0,1,2,3,4,5,6,7", "-b", "4",
                "--explain")
     lines = _section(out, "each block's arithmetic")
     assert lines[-2:] == [
@@ -94,8 +93,8 @@ def test_lazy_rescale_says_m_stays():
 
 
 @pytest.mark.parametrize("width", [72, 80, 100])
-def test_attention_explains_o(runner, monkeypatch, width):
-    out = _run(runner, monkeypatch, width, *ATTENTION, "--explain")
+def test_attention_explains_o(width):
+    out = text(width, *ATTENTION, "--explain")
     lines = _section(out, "each tile's arithmetic")
     assert lines[lines.index("tile 1, keys 2:4"):] == [
         "tile 1, keys 2:4",
@@ -120,8 +119,7 @@ def test_attention_lines_first_tile_starts_from_zero():
     from osm_cli.flash.forward import attention
     from osm_cli.flash.options import ScoreOptions, Tiling
 
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((4, 3)) for _ in range(3))
+    q, k, v = qkv(4, 4, 3)
     res = attention(q, k, v, opts=ScoreOptions(), tiling=Tiling(block_q=4, block_k=2),
                     trace_at=(0, 0, 1))
     first = attention_lines(res.trace.steps[0], None)

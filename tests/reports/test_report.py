@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import qkv
 from osm_cli.errors import OsmError
 from osm_cli.flash.forward import attention
 from osm_cli.flash.options import ScoreOptions, Tiling
@@ -73,17 +74,12 @@ def test_trace_report_in_dtype():
     assert rep.forms_diff is not None
 
 
-def _qkv(t=6, s=7, d=4, seed=5):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(t, d)), rng.normal(size=(s, d)), rng.normal(size=(s, d))
-
-
 MASK = dict(causal=True, scale=None, layout="bhnd", causal_align="bottom-right", window=None,
             mask=None)
 
 
 def test_attention_report_matches_the_core():
-    q, k, v = _qkv()
+    q, k, v = qkv(6, 7, 4, seed=5)
     rep = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(block_q=2, block_k=3),
                            trace_at=(0, 0, 4))
     res = attention(q, k, v, block_q=2, block_k=3, trace_at=(0, 0, 4), **MASK)
@@ -98,7 +94,7 @@ def test_attention_report_matches_the_core():
 
 
 def test_attention_report_options():
-    q, k, v = _qkv()
+    q, k, v = qkv(6, 7, 4, seed=5)
     bare = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(), with_reference=False)
     assert (bare.errors, bare.ref_row, bare.verdict) == (None, None, None)
     rev = attention_report(q, k, v, ScoreOptions(**MASK), Tiling(block_k=2), order="reverse")
@@ -108,7 +104,7 @@ def test_attention_report_options():
 
 
 def test_attention_report_with_a_model():
-    q, k, v = _qkv()
+    q, k, v = qkv(6, 7, 4, seed=5)
     m, (q16, k16, v16), notes = prepare("fp16", None, None, q, k, v)
     rep = attention_report(q16, k16, v16, ScoreOptions(**MASK), Tiling(), model=m, notes=notes)
     assert rep.model is m and rep.notes == notes and rep.verdict.passed
@@ -138,8 +134,7 @@ def test_attention_report_lazy_rescale_against_the_eager_run():
 
 
 def test_attention_report_reverse_order_matches_forward():
-    rng = np.random.default_rng(3)
-    q, k, v = rng.normal(size=(2, 9, 5)), rng.normal(size=(2, 23, 5)), rng.normal(size=(2, 23, 3))
+    q, k, v = qkv(9, 23, 5, dv=3, heads=(2, 2), seed=3)
     rep = attention_report(q, k, v, ScoreOptions(**{"causal": True}), Tiling(block_k=4),
                            order="reverse")
     assert rep.baseline.order == "reverse" and rep.baseline.threshold == 0.0
