@@ -42,13 +42,14 @@ def rand(*shape, seed=0, dtype=np.float64) -> np.ndarray:
 
 
 def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout="bhnd",
-        do=False):
+        do=False, spread=1.0):
     """Random Q (…, t, d), K (…, s, d), V (…, s, dv), and dO (…, t, dv) when do, as
     flash-attention's tests' generate_qkv makes them: seeded (Q from `seed`, K from seed + 1, V
     from seed + 2, dO from seed + 3, so a tensor stays the same when another changes shape),
     standard normal values rounded to `dtype`. heads = (Hq, Hkv), GQA/MQA when they differ;
     b None: no batch axis (and no head axis for one head each). layout "bhnd": (B, H, N, d);
-    "bnhd": FlashAttention's (B, N, H, d).
+    "bnhd": FlashAttention's (B, N, H, d). spread: Q and K (in dtype) times it, so the scores
+    spread spread² times as wide.
 
     Example: q, k, v = qkv(5, 7, 4, heads=(4, 2), b=2, layout="bnhd") -> q (2, 5, 4, 4)"""
     hq, hk = heads
@@ -63,9 +64,11 @@ def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout
         return (*lead, n, width)
 
     dv = d if dv is None else dv
-    out = (rand(*shape(lead_q, t, d), seed=seed, dtype=dtype),
-           rand(*shape(lead_k, s, d), seed=seed + 1, dtype=dtype),
-           rand(*shape(lead_k, s, dv), seed=seed + 2, dtype=dtype))
+    q, k = (rand(*shape(lead_q, t, d), seed=seed, dtype=dtype),
+            rand(*shape(lead_k, s, d), seed=seed + 1, dtype=dtype))
+    if spread != 1:
+        q, k = spread * q, spread * k
+    out = (q, k, rand(*shape(lead_k, s, dv), seed=seed + 2, dtype=dtype))
     return (*out, rand(*shape(lead_q, t, dv), seed=seed + 3, dtype=dtype)) if do else out
 
 

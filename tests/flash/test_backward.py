@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import rand
+from conftest import qkv, rand
 from osm_cli.core.backward import backward_step, delta, lse_for_p
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward
@@ -24,11 +24,6 @@ from osm_cli.precision.model import model
 
 TINY = {"q": np.array([[1.0, 0.0]]), "k": np.array([[1.0, 0.0], [0.0, 1.0]]),
         "v": np.array([[1.0, 2.0], [3.0, 4.0]]), "do": np.array([[1.0, 1.0]])}
-
-
-def qkvdo(hq=2, hk=2, t=5, s=7, d=4, dv=3, b=1, seed=0):
-    return (rand(b, hq, t, d, seed=seed), rand(b, hk, s, d, seed=seed + 1),
-            rand(b, hk, s, dv, seed=seed + 2), rand(b, hq, t, dv, seed=seed + 3))
 
 
 def test_worked_example_by_hand():
@@ -88,27 +83,27 @@ def _finite_differences(q, k, v, do, h=1e-6, **opts):
     return grads
 
 
-FD_CASES = [
-    ("plain", dict(), {}),
-    ("causal bottom-right, t > s (first rows fully masked)", dict(t=6, s=3), {"causal": True}),
-    ("causal top-left, t < s", dict(t=4, s=7), {"causal": True, "causal_align": "top-left"}),
-    ("window", dict(t=6, s=6), {"window": (1, 1)}),
-    ("GQA 6 query heads on 2 kv heads", dict(hq=6, hk=2, t=3, s=4), {"causal": True}),
-    ("MQA", dict(hq=3, hk=1, t=4, s=5), {}),
-    ("scale", dict(), {"scale": 0.9}),
+FD_CASES = [  # name, (t, s, (Hq, Hkv)) with d = 4, dv = 3, B = 1, options
+    ("plain", (5, 7, (2, 2)), {}),
+    ("causal bottom-right, t > s (first rows fully masked)", (6, 3, (2, 2)), {"causal": True}),
+    ("causal top-left, t < s", (4, 7, (2, 2)), {"causal": True, "causal_align": "top-left"}),
+    ("window", (6, 6, (2, 2)), {"window": (1, 1)}),
+    ("GQA 6 query heads on 2 kv heads", (3, 4, (6, 2)), {"causal": True}),
+    ("MQA", (4, 5, (3, 1)), {}),
+    ("scale", (5, 7, (2, 2)), {"scale": 0.9}),
 ]
 
 
 @pytest.mark.parametrize("name, shape, opts", FD_CASES, ids=[c[0] for c in FD_CASES])
 def test_reference_gradients_match_finite_differences(name, shape, opts):
-    q, k, v, do = qkvdo(**shape)
+    q, k, v, do = qkv(shape[0], shape[1], 4, dv=3, heads=shape[2], b=1, do=True)
     num = _finite_differences(q, k, v, do, **opts)
     for got, fd in zip(reference_backward(q, k, v, do, **opts), num, strict=True):
         np.testing.assert_allclose(got, fd, atol=2e-8, rtol=0)
 
 
 def test_reference_gradients_with_masks_match_finite_differences():
-    q, k, v, do = qkvdo(t=4, s=5)
+    q, k, v, do = qkv(4, 5, 4, dv=3, heads=(2, 2), b=1, do=True)
     keep = np.ones((4, 5), bool)
     keep[1] = False  # a fully masked row: no gradient to or from it
     keep[2, :3] = False
@@ -147,7 +142,7 @@ def test_layouts_give_gradients_shaped_like_the_inputs(name, sq, sk, sv, sdo, op
 def test_tiled_backward_equals_the_closed_form(hk, g, t, s, bq, bk, causal, align, seed):
     """Any tiles, any GQA grouping, any t and s (no keys at all too), causal either way: the
     tiled backward in float64 equals the closed form to rounding, and never writes NaN."""
-    q, k, v, do = qkvdo(hq=hk * g, hk=hk, t=t, s=s, seed=seed)
+    q, k, v, do = qkv(t, s, 4, dv=3, heads=(hk * g, hk), b=1, seed=seed, do=True)
     res = attention_backward(q, k, v, do, block_q=bq, block_k=bk, causal=causal,
                              causal_align=align)
     ref = reference_backward(q, k, v, do, causal=causal, causal_align=align)
@@ -162,7 +157,8 @@ def test_tiled_backward_equals_the_closed_form(hk, g, t, s, bq, bk, causal, alig
 def test_any_masked_row_lse_convention_gives_the_same_gradients(marker):
     """FA2 stores +inf as the LSE of a fully masked row, FA3/FA4 −inf, PyTorch's CPU kernel 0:
     P = 0 on that row in every case."""
-    q, k, v, do = qkvdo(t=6, s=3)  # causal bottom-right: queries 0-2 see no key
+    # causal bottom-right: queries 0-2 see no key
+    q, k, v, do = qkv(6, 3, 4, dv=3, heads=(2, 2), b=1, do=True)
     fwd = attention(q, k, v, causal=True)
     lse = np.where(np.isneginf(fwd.lse), marker, fwd.lse)
     res = attention_backward(q, k, v, do, out=fwd.out, lse=lse, causal=True)
@@ -174,7 +170,7 @@ def test_any_masked_row_lse_convention_gives_the_same_gradients(marker):
 
 
 def test_gqa_gradients_are_the_sums_of_the_query_heads():
-    q, k, v, do = qkvdo(hq=4, hk=2, t=5, s=6)
+    q, k, v, do = qkv(5, 6, 4, dv=3, heads=(4, 2), b=1, do=True)
     res = attention_backward(q, k, v, do, block_q=2, block_k=4)
     for kv in range(2):
         heads = [2 * kv, 2 * kv + 1]
@@ -186,7 +182,7 @@ def test_gqa_gradients_are_the_sums_of_the_query_heads():
 def test_traces_end_at_the_written_rows():
     """The key trace walks every Q tile (masked ones marked), the query trace every K/V tile;
     the last norms are those of the rows written; a row of dS sums to 0 over the tiles."""
-    q, k, v, do = qkvdo(hq=4, hk=2, t=7, s=9)
+    q, k, v, do = qkv(7, 9, 4, dv=3, heads=(4, 2), b=1, do=True)
     res = attention_backward(q, k, v, do, block_q=2, block_k=2, causal=True,
                              trace_at=(0, 3, 5), trace_key=4)
     assert res.trace.kv_head == 1 and res.trace.group == 2
@@ -206,7 +202,7 @@ def test_traces_end_at_the_written_rows():
 
 
 def test_bad_inputs_name_the_problem():
-    q, k, v, do = qkvdo()
+    q, k, v, do = qkv(5, 7, 4, dv=3, heads=(2, 2), b=1, do=True)
     with pytest.raises(ShapeError, match="dO has shape"):
         attention_backward(q, k, v, do[..., :2])
     fwd = attention(q, k, v)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import qkv
 from osm_cli.core.state import State, rescale_step
 from osm_cli.flash import reference as reference_module
 from osm_cli.flash import rows
@@ -68,13 +69,6 @@ def both(q, k, v, **kw) -> tuple[Attention, Attention]:
     return attention(q, k, v, fused=True, **kw), attention(q, k, v, fused=False, **kw)
 
 
-def inputs(b, hq, hk, t, s, d, dv, dtype=np.float64, seed=0, spread=1.0):
-    rng = np.random.default_rng(seed)
-    return (spread * rng.standard_normal((b, hq, t, d)).astype(dtype),
-            spread * rng.standard_normal((b, hk, s, d)).astype(dtype),
-            rng.standard_normal((b, hk, s, dv)).astype(dtype))
-
-
 # (b, hq, hk, t, s, d, dv, block_q, block_k)
 SHAPES = [
     (1, 8, 8, 300, 300, 64, 64, None, None),  # FA2's default tiles, a partial last tile
@@ -91,7 +85,7 @@ SHAPES = [
                                    "float", "window bool"])
 @pytest.mark.parametrize(("b", "hq", "hk", "t", "s", "d", "dv", "bq", "bk"), SHAPES)
 def test_fused_is_the_textbook_loop(b, hq, hk, t, s, d, dv, bq, bk, masks, dtype):
-    q, k, v = inputs(b, hq, hk, t, s, d, dv, dtype, seed=t + s)
+    q, k, v = qkv(t, s, d, dv=dv, heads=(hq, hk), b=b, dtype=dtype, seed=t + s)
     rng = np.random.default_rng(1)
     kw: dict = {"block_q": bq, "block_k": bk, "trace_at": (b - 1, hq - 1, t // 2)}
     if masks.startswith("causal"):
@@ -111,7 +105,7 @@ def test_fused_is_the_textbook_loop(b, hq, hk, t, s, d, dv, bq, bk, masks, dtype
 @pytest.mark.usefixtures("row_ops")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_lazy_rescale_order_and_key_range(dtype):
-    q, k, v = inputs(1, 4, 2, 150, 333, 16, 8, dtype, seed=3, spread=2.0)
+    q, k, v = qkv(150, 333, 16, dv=8, heads=(4, 2), b=1, dtype=dtype, seed=3, spread=2.0)
     rng = np.random.default_rng(2)
     for kw in ({"threshold": 1.5}, {"threshold": 8.0, "causal": True},
                {"order": rng.permutation(-(-333 // 32))},
@@ -127,7 +121,8 @@ def test_fused_lazy_rescale_order_and_key_range(dtype):
 def test_fused_precision_model_rounds_p_the_same(name):
     """The flash model's float32 state and P rounded to the dtype before P·V (Hooks.p_round)."""
     mod = model(name)
-    q, k, v = (x.astype(mod.dtype).astype(np.float32) for x in inputs(1, 2, 2, 200, 190, 16, 16))
+    q, k, v = (x.astype(mod.dtype).astype(np.float32)
+               for x in qkv(200, 190, 16, dv=16, heads=(2, 2), b=1))
     assert mod.p_round is not None
     a = run(mod, q, k, v, causal=True, hooks=hooks_for(mod))
     b = run(mod, q, k, v, causal=True, hooks=hooks_for(mod), fused=False)
@@ -137,7 +132,7 @@ def test_fused_precision_model_rounds_p_the_same(name):
 @pytest.mark.usefixtures("row_ops")
 def test_fused_untraced_and_masked_rows():
     """No traced row; a user mask that hides whole rows and whole tiles (LSE -inf, O 0)."""
-    q, k, v = inputs(2, 2, 2, 40, 50, 4, 3, seed=9)
+    q, k, v = qkv(40, 50, 4, dv=3, heads=(2, 2), b=2, seed=9)
     mask = np.ones((40, 50), bool)
     mask[5:9] = False  # rows with no key
     mask[:, 16:32] = False  # a K/V tile hidden for every row
@@ -151,7 +146,7 @@ def test_fused_untraced_and_masked_rows():
 def test_fused_stacks_unmasked_q_tiles_of_one_head():
     """One head, no mask: Q tiles run stacked (q_groups), the short last one alone; the numbers,
     the traced row inside a stack, the counts and the progress calls are those of one at a time."""
-    q, k, v = inputs(1, 1, 1, 1000, 300, 16, 8, np.float32, seed=11)
+    q, k, v = qkv(1000, 300, 16, dv=8, heads=(1, 1), b=1, dtype=np.float32, seed=11)
     plan = make_plan(q, k, v, ScoreOptions(), Tiling(block_q=64), Hooks(), None)
     groups = q_groups(plan)
     assert groups == [tuple(range(0, 960, 64)), (960,)]
@@ -184,7 +179,7 @@ def test_fused_empty_batch_queries_or_keys(shapes):
 def test_fused_is_the_textbook_loop_on_random_inputs(b, heads, t, s, d, bq, bk, causal, window,
                                                      with_mask, seed):
     hq, hk = heads
-    q, k, v = inputs(b, hq, hk, t, s, d, 1 + seed % 5, seed=seed, spread=1 + seed % 3)
+    q, k, v = qkv(t, s, d, dv=1 + seed % 5, heads=(hq, hk), b=b, seed=seed, spread=1 + seed % 3)
     mask = None
     if with_mask:
         mask = np.random.default_rng(seed).random((b, 1, t, s)) < 0.8
@@ -243,7 +238,7 @@ def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
     if masks == "window":
         kw["window"] = (3, 0)
     for b, hq, hk, t, s, d, dv in ((2, 4, 2, 23, 17, 5, 3), (1, 3, 3, 9, 40, 8, 8)):
-        q, k, v = inputs(b, hq, hk, t, s, d, dv, seed=t * s, spread=3.0)
+        q, k, v = qkv(t, s, d, dv=dv, heads=(hq, hk), b=b, seed=t * s, spread=3.0)
         if masks == "bool":
             kw["mask"] = rng.random((b, hq, t, s)) < 0.6
         if masks == "float":
@@ -257,7 +252,7 @@ def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
 def test_fused_reference_edges():
     """No keys at all; one key; one query; many heads on one kv head."""
     for b, hq, hk, t, s in ((1, 2, 1, 4, 0), (1, 1, 1, 5, 1), (2, 2, 2, 1, 30), (1, 33, 1, 3, 70)):
-        same_reference(*inputs(b, hq, hk, t, s, 4, 2, seed=s), causal=s > 0)
+        same_reference(*qkv(t, s, 4, dv=2, heads=(hq, hk), b=b, seed=s), causal=s > 0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -266,5 +261,5 @@ def test_fused_reference_edges():
        st.sampled_from([None, (0, 0), (5, -1), (-1, 2)]), st.integers(0, 10**6))
 def test_fused_reference_on_random_inputs(b, heads, t, s, d, causal, window, seed):
     hq, hk = heads
-    same_reference(*inputs(b, hq, hk, t, s, d, 3, seed=seed, spread=1 + seed % 4),
+    same_reference(*qkv(t, s, d, dv=3, heads=(hq, hk), b=b, seed=seed, spread=1 + seed % 4),
                    causal=causal, window=window)

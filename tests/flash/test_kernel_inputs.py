@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import rand
+from conftest import osm, rand
 from osm_cli.errors import InputError, ShapeError
 from osm_cli.flash.backward import attention_backward
 from osm_cli.flash.forward import attention
@@ -352,10 +352,9 @@ def test_features_no_kernel_combines_are_refused():
 # osm trace --softcap --sink
 
 
-def test_trace_with_a_sink_and_a_softcap(runner, strict_json):
+def test_trace_with_a_sink_and_a_softcap(strict_json):
     """Scores [2, 4, 1, 3] and a sink of 1: l = e⁻² + 1 + e⁻³ + e⁻¹ + e⁻³ (the sink's
     exp(1 − 4)), so LSE = ln(Σ eˢ + e¹); the probabilities sum to 1.5530018 / 1.6027889."""
-    from osm_cli.cli import app
     from osm_cli.reports.trace import trace_report
 
     rep = trace_report(np.array([2.0, 4.0, 1.0, 3.0]), 2, sink=1.0)
@@ -363,18 +362,18 @@ def test_trace_with_a_sink_and_a_softcap(runner, strict_json):
     assert rep.trace.lse == pytest.approx(math.log(sum(math.exp(x) for x in (2, 4, 1, 3, 1))))
     assert rep.sink_steps[0].l_prev == pytest.approx(1.5530017928)
     assert float(rep.max_diff[0]) < 1e-15
-    result = runner.invoke(app, ["trace", "--values", "2,4,1,3", "--sink", "1", "--json"])
+    result = osm("trace", "--values", "2,4,1,3", "--sink", "1", "--json")
     doc = strict_json(result.stdout)
     assert sum(doc["probabilities"]) == pytest.approx(1.5530017928 / 1.6027888611)
     assert doc["sink"]["l"] == pytest.approx(1.6027888611)
-    text = runner.invoke(app, ["trace", "--values", "2,4,1,3", "--sink", "1"]).stdout
+    text = osm("trace", "--values", "2,4,1,3", "--sink", "1").stdout
     assert "sink σ = 1: one more score, whose V row is 0 (it adds to l, not to O)" in " ".join(
         text.split())
     assert "probabilities sum to 0.96893723" in text
     capped = trace_report(np.array([2.0, -np.inf, 10.0]), 2, softcap=3.0)
     assert capped.scores.tolist() == pytest.approx([3 * math.tanh(2 / 3), -np.inf,
                                                     3 * math.tanh(10 / 3)])
-    bad = runner.invoke(app, ["trace", "--values", "1,2", "--sink", "1", "--dtype", "bf16"])
+    bad = osm("trace", "--values", "1,2", "--sink", "1", "--dtype", "bf16")
     assert bad.exit_code == 1 and "--softcap and --sink trace the float64 state" in bad.stderr
-    bad = runner.invoke(app, ["trace", "--values", "1,2", "--softcap", "0"])
+    bad = osm("trace", "--values", "1,2", "--softcap", "0")
     assert bad.exit_code == 2

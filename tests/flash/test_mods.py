@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import qkv
 from osm_cli.errors import InputError, OsmError
 from osm_cli.flash import mods
 from osm_cli.flash.backward import attention_backward
@@ -22,12 +23,6 @@ from osm_cli.precision.model import model
 
 B, H, HK, T, D = 2, 4, 2, 100, 8
 DOCS = np.repeat([0, 1, 2, 3], [1, 40, 29, 30])  # uneven packed documents, one of length 1
-
-
-def _qkv(seed=0, t=T, s=T):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((B, H, t, D)), rng.standard_normal((B, HK, s, D)),
-            rng.standard_normal((B, HK, s, D)), rng.standard_normal((B, H, t, D)))
 
 
 def _same(a, b):
@@ -48,7 +43,7 @@ FIXED = {  # the fixed options and their mod forms (FlexAttention's causal is to
 def test_fixed_options_equal_their_mod_forms(name):
     """Forward (osm's loop and the fused one), backward and reference: the same bits, and the
     same tiles skipped; under the mod form the band's partial tiles are the mask_mod's."""
-    q, k, v, do = _qkv()
+    q, k, v, do = qkv(T, T, D, heads=(H, HK), b=B, do=True)
     fixed, mod = FIXED[name]
     for fused in (True, False):
         a = attention(q, k, v, block_q=16, block_k=16, fused=fused, **fixed)
@@ -69,7 +64,7 @@ def test_document_mask_block_kinds_are_counted_and_only_partial_tiles_masked():
     """Packed documents 1, 40, 29, 30 long and causal, tiles of 16: of the 7 × 7 tiles, those
     past the diagonal or between documents are skipped, those inside one document and below
     the diagonal full, the rest partial; the traced row's steps carry the kind."""
-    q, k, v, _ = _qkv()
+    q, k, v, _ = qkv(T, T, D, heads=(H, HK), b=B, do=True)
     mm = [mods.document(DOCS), mods.causal()]
     res = attention(q, k, v, mask_mod=mm, block_q=16, block_k=16, trace_at=(0, 0, 60))
     seen = DOCS[:, None] == DOCS[None, :]
@@ -93,7 +88,7 @@ def test_backward_through_a_score_mod_exact_grad_companion_or_differences():
     """softcap as a built-in (exact), as a user function with a grad companion (exact) and
     without one (central differences: within 1e-9 of the exact gradients); the record says
     which; the tiled backward agrees with the reference's to 1e-13."""
-    q, k, v, do = _qkv(1)
+    q, k, v, do = qkv(T, T, D, heads=(H, HK), b=B, seed=1, do=True)
     mm = [mods.document(DOCS), mods.causal()]
 
     def capped(score, b, h, q_idx, kv_idx):
@@ -117,7 +112,7 @@ def test_backward_through_a_score_mod_exact_grad_companion_or_differences():
 
 def test_relative_bias_prefix_lm_and_chunked_against_a_dense_mask():
     """The built-ins as the dense bias and mask they stand for, through the reference."""
-    q, k, v, _ = _qkv(2)
+    q, k, v, _ = qkv(T, T, D, heads=(H, HK), b=B, seed=2, do=True)
     rng = np.random.default_rng(5)
     table = rng.standard_normal((H, 2 * T - 1))
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
@@ -152,7 +147,8 @@ def test_check_passes_a_mods_output_and_fails_a_wrong_mask():
     gradients); judged without the document mask it FAILs. The presets refuse a score_mod:
     the model beside runs osm's own loop."""
     bf = ml_dtypes.bfloat16
-    q, k, v, do = (x.astype(bf).astype(np.float32) for x in _qkv(3))
+    q, k, v, do = (x.astype(np.float32)
+                   for x in qkv(T, T, D, heads=(H, HK), b=B, seed=3, dtype=bf, do=True))
     mm = [mods.document(DOCS), mods.causal()]
     opts = ScoreOptions(score_mod=mods.softcap(2.0), mask_mod=mm)
     out, lse = reference(q, k, v, opts)
@@ -174,7 +170,7 @@ def test_the_tile_map_and_the_plot_show_the_three_kinds():
     1, hidden keys 0) and its partial tiles are the walk's."""
     from osm_cli.studies.tilemap import head_probabilities, kind_map
 
-    q, k, v, _ = _qkv()
+    q, k, v, _ = qkv(T, T, D, heads=(H, HK), b=B, do=True)
     mm = [mods.document(DOCS), mods.causal()]
     kinds = kind_map(q, k, block_q=16, block_k=16, mask_mod=mm)
     assert {n: int((kinds == n).sum()) for n in ("skip", "partial", "full")} == {
@@ -196,7 +192,8 @@ def test_presets_run_a_mask_mod(kernel):
     FA2's split-KV and tile width, knows a causal band but not a mask_mod), the traced steps
     marked full or partial."""
     bf = ml_dtypes.bfloat16
-    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in _qkv(4, t=300, s=300))
+    q, k, v, _ = (x.astype(np.float32)
+                  for x in qkv(300, 300, D, heads=(H, HK), b=B, seed=4, dtype=bf, do=True))
     kw = dict(kernel=kernel, trace_at=(1, 2, 200), block_k=64)
     band = run_flash(model("bf16"), q, k, v, causal=True, causal_align="top-left", **kw)
     mod = run_flash(model("bf16"), q, k, v, mask_mod=mods.causal(), **kw)

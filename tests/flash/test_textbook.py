@@ -8,18 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import qkv
 from osm_cli.errors import InputError
 from osm_cli.flash.forward import attention
 from osm_cli.flash.options import Hooks, ScoreOptions, Tiling
 from osm_cli.flash.plan import make_plan, q_groups, walk
 from osm_cli.flash.textbook import attn_fwd_inner, textbook_attention
-
-
-def _qkv(b, hq, hk, t, s, d, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((b, hq, t, d)).astype(dtype),
-            rng.standard_normal((b, hk, s, d)).astype(dtype),
-            rng.standard_normal((b, hk, s, d + 3)).astype(dtype))
 
 
 def _bits(x):
@@ -43,7 +37,7 @@ OPTIONS = {
 def test_textbook_loop_is_osms_loops_bit_for_bit(name, dtype):
     """GQA (4 query heads on 2 kv heads), t = 70 and s = 90 in tiles of 16 × 24: every loop
     walks the same tiles (short last ones, skipped ones) and folds them the same way."""
-    q, k, v = _qkv(2, 4, 2, 70, 90, 8, dtype)
+    q, k, v = qkv(70, 90, 8, dv=11, heads=(4, 2), b=2, dtype=dtype)
     kw = dict(OPTIONS[name])
     if name == "float mask":
         kw["mask"] = kw["mask"].astype(dtype)
@@ -73,7 +67,7 @@ def test_attn_fwd_inner_starts_from_the_textbook_state():
 
 
 def test_textbook_refuses_what_it_leaves_out():
-    q, k, v = _qkv(1, 1, 1, 4, 4, 4, np.float64)
+    q, k, v = qkv(4, 4, 4, dv=7, heads=(1, 1), b=1)
     with pytest.raises(InputError, match="without sinks"):
         textbook_attention(q, k, v, ScoreOptions(sinks=np.zeros(1)))
 
@@ -82,7 +76,7 @@ def test_the_walk_decides_kinds_stacks_and_the_traced_row():
     """plan.walk: causal t = s = 64 in tiles of 16: the diagonal tiles partial, those above it
     skipped, for every Q tile of a stack; q_groups stacks the whole tiles (up to STACK_ROWS
     rows), the short last one alone unless ragged; locate finds the traced row in a stack."""
-    q, k, v = _qkv(1, 2, 1, 70, 64, 4, np.float64)
+    q, k, v = qkv(70, 64, 4, dv=7, heads=(2, 1), b=1)
     plan = make_plan(q, k, v, ScoreOptions(causal=True, causal_align="top-left"),
                      Tiling(block_q=16, block_k=16), Hooks(), (0, 1, 37))
     stack = tuple(plan.q_starts)
