@@ -37,16 +37,19 @@ def render_text(renderable, width: int = 100) -> str:
 
 
 def rand(*shape, seed=0, dtype=np.float64) -> np.ndarray:
-    """Standard normal values of `shape`, seeded, in `dtype`."""
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    """Standard normal values of `shape`, seeded (or drawn next from a numpy Generator), in
+    `dtype`."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(dtype)
 
 
 def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout="bhnd",
         do=False, spread=1.0):
     """Random Q (…, t, d), K (…, s, d), V (…, s, dv), and dO (…, t, dv) when do, as
     flash-attention's tests' generate_qkv makes them: seeded (Q from `seed`, K from seed + 1, V
-    from seed + 2, dO from seed + 3, so a tensor stays the same when another changes shape),
-    standard normal values rounded to `dtype`. heads = (Hq, Hkv), GQA/MQA when they differ;
+    from seed + 2, dO from seed + 3, so a tensor stays the same when another changes shape; or
+    one after the other from `seed` when it is a numpy Generator), standard normal values
+    rounded to `dtype`. heads = (Hq, Hkv), GQA/MQA when they differ;
     b None: no batch axis (and no head axis for one head each). layout "bhnd": (B, H, N, d);
     "bnhd": FlashAttention's (B, N, H, d). spread: Q and K (in dtype) times it, so the scores
     spread spread² times as wide.
@@ -64,12 +67,15 @@ def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout
         return (*lead, n, width)
 
     dv = d if dv is None else dv
-    q, k = (rand(*shape(lead_q, t, d), seed=seed, dtype=dtype),
-            rand(*shape(lead_k, s, d), seed=seed + 1, dtype=dtype))
+    one = isinstance(seed, np.random.Generator)
+    q, k, v = (rand(*shape(lead, n, width), seed=seed if one else seed + i, dtype=dtype)
+               for i, (lead, n, width) in enumerate(
+                   [(lead_q, t, d), (lead_k, s, d), (lead_k, s, dv)]))
     if spread != 1:
         q, k = spread * q, spread * k
-    out = (q, k, rand(*shape(lead_k, s, dv), seed=seed + 2, dtype=dtype))
-    return (*out, rand(*shape(lead_q, t, dv), seed=seed + 3, dtype=dtype)) if do else out
+    if not do:
+        return q, k, v
+    return q, k, v, rand(*shape(lead_q, t, dv), seed=seed if one else seed + 3, dtype=dtype)
 
 
 def captured_cases() -> list:

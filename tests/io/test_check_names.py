@@ -12,26 +12,19 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm, qkv, rand, strict_json
 from osm_cli.io import load_backward, load_bundle
 from osm_cli.testing import assert_attention_close
-from tests.conftest import strict_json
 from tests.kernels.planted import flash, planted
 
 BF16 = ml_dtypes.bfloat16
 
 
-def _qkv(t=192, h=4, hk=2, d=32, seed=1):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((1, t, h, d)).astype(BF16),
-            rng.standard_normal((1, t, hk, d)).astype(BF16),
-            rng.standard_normal((1, t, hk, d)).astype(BF16))
-
-
 def _bundle(path, bug=None, **extra):
     """What a user saves after out, softmax_lse, S_dmask = flash_attn_func(…,
     return_attn_probs=True): FlashAttention's names, float32 copies of the bf16 values."""
-    q, k, v = _qkv()
+    q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
+                  seed=np.random.default_rng(1))
     out, lse = planted(bug)(q, k, v, causal=True)
     arrays = {"q": q, "k": k, "v": v, "out": out}
     np.savez(path, **{n: x.astype(np.float32) for n, x in arrays.items()},
@@ -39,33 +32,33 @@ def _bundle(path, bug=None, **extra):
     return path
 
 
-def test_flash_attn_bundle_needs_no_renaming(runner, tmp_path):
+def test_flash_attn_bundle_needs_no_renaming(tmp_path):
     p = _bundle(tmp_path / "fa.npz")
-    r = runner.invoke(app, ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16"])
+    r = osm("check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16")
     assert r.exit_code == 0, r.output
     assert r.stderr == f"ignored: S_dmask ({p}: osm check does not use it)\n"
     assert "LSE rule" in r.stdout  # the softmax_lse was judged, not dropped
 
 
-def test_base2_softmax_lse_fails_and_is_named(runner, tmp_path):
+def test_base2_softmax_lse_fails_and_is_named(tmp_path):
     """The bug a bundle without osm's names used to PASS: FlashInfer's base-2 LSE."""
     p = _bundle(tmp_path / "fa.npz", "lse_base2")
     args = ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16"]
-    r = runner.invoke(app, args)
+    r = osm(*args)
     assert r.exit_code == 1
     fail = r.stderr.splitlines()[-1]
     assert fail.startswith("FAIL: max|lse − ref| = ")
     assert fail.endswith("probe: the kernel's LSE matches osm's in base 2 (max diff 6.5e-07): "
                          "pass --lse-base 2 if that is its convention")
-    r2 = runner.invoke(app, [*args, "--lse-base", "2"])
+    r2 = osm(*args, "--lse-base", "2")
     assert r2.exit_code == 0, r2.output
 
 
-def test_strict_refuses_unused_arrays(runner, tmp_path):
+def test_strict_refuses_unused_arrays(tmp_path):
     p = _bundle(tmp_path / "fa.npz", rng_state=np.zeros(2, np.int64))
     before = p.read_bytes()
-    r = runner.invoke(app, ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16",
-                            "--strict"])
+    r = osm("check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16",
+            "--strict")
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr == (f"Error: {p}: holds S_dmask, rng_state, which osm check does not use "
                         "(--strict refuses them)\n")
@@ -73,7 +66,8 @@ def test_strict_refuses_unused_arrays(runner, tmp_path):
 
 
 def test_two_names_of_one_tensor_refused(tmp_path):
-    q, k, v = _qkv()
+    q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
+                  seed=np.random.default_rng(1))
     p = tmp_path / "two.npz"
     np.savez(p, q=q.astype(np.float32), k=k.astype(np.float32), v=v.astype(np.float32),
              out=q.astype(np.float32), lse=np.zeros(3), softmax_lse=np.zeros(3))
@@ -83,7 +77,8 @@ def test_two_names_of_one_tensor_refused(tmp_path):
 
 def test_pytorch_names(tmp_path):
     """query/key/value, o and dout (SDPA's and FlashAttention's backward names)."""
-    q, k, v = _qkv()
+    q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
+                  seed=np.random.default_rng(1))
     p = tmp_path / "torch.npz"
     np.savez(p, query=q.astype(np.float32), key=k.astype(np.float32),
              value=v.astype(np.float32), o=q.astype(np.float32), dout=q.astype(np.float32))
@@ -93,17 +88,15 @@ def test_pytorch_names(tmp_path):
 
 
 @pytest.mark.parametrize("width", [72, 80, 100])
-def test_verdict_lines_fit(runner, tmp_path, width):
+def test_verdict_lines_fit(tmp_path, width):
     """Per-tensor verdicts and the tile map, at 72, 80 and 100 columns: every line fits, the
     failing tensor's row says where."""
-    q, k, v = (np.random.default_rng(2).standard_normal((1, 256, 2, 32)).astype(BF16)
-               for _ in range(3))
+    q, k, v = qkv(256, 256, 32, heads=(2, 2), b=1, layout="bnhd", dtype=BF16, seed=2)
     out, lse = planted("double_count")(q, k, v)
     p = tmp_path / "dc.npz"
     np.savez(p, q=q.astype(np.float32), k=k.astype(np.float32), v=v.astype(np.float32),
              out=out.astype(np.float32), softmax_lse=lse)
-    r = runner.invoke(app, ["check", str(p), "--layout", "bnhd", "--dtype", "bf16"],
-                      env={"COLUMNS": str(width)})
+    r = osm("check", str(p), "--layout", "bnhd", "--dtype", "bf16", width=width)
     assert r.exit_code == 1
     lines = r.stdout.splitlines()
     assert all(len(line) <= width for line in lines), max(lines, key=len)
@@ -114,10 +107,10 @@ def test_verdict_lines_fit(runner, tmp_path, width):
     assert "the first K/V tile of 64 rows explains the error" in text
 
 
-def test_json_failures(runner, tmp_path):
+def test_json_failures(tmp_path):
     p = _bundle(tmp_path / "fa.npz", "scale_1_over_d")
-    r = runner.invoke(app, ["check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16",
-                            "--json"])
+    r = osm("check", str(p), "--causal", "--layout", "bnhd", "--dtype", "bf16",
+            "--json")
     assert r.exit_code == 1
     doc = strict_json(r.stdout)
     assert doc["passed"] is False and doc["rule"] == "fa"
@@ -131,10 +124,11 @@ def test_json_failures(runner, tmp_path):
 
 def test_assert_names_the_failing_gradient():
     """Only dQ fails: the message opens with dQ, not with the output."""
-    q, k, v = _qkv(t=128, h=4, hk=4)
+    q, k, v = qkv(128, 128, 32, heads=(4, 4), b=1, layout="bnhd", dtype=BF16,
+                  seed=np.random.default_rng(1))
     kern = planted("dq_head")
     out, lse = kern(q, k, v, causal=True)
-    dout = np.random.default_rng(3).standard_normal(out.shape).astype(BF16)
+    dout = rand(*out.shape, seed=3, dtype=BF16)
     dq, dk, dv = kern.osm_backward(q, k, v, out, lse, dout, causal=True)
     with pytest.raises(AssertionError) as info:
         assert_attention_close(out, q, k, v, lse=lse, do=dout, dq=dq, dk=dk, dv=dv,
@@ -148,9 +142,9 @@ def test_assert_names_the_failing_gradient():
 def test_assert_takes_checks_keywords():
     """softcap, varlen, rule and lse_base reach check: a correct varlen softcapped kernel
     passes; its LSE read in base 2 fails."""
-    rng = np.random.default_rng(6)
     cu = np.array([0, 50, 128], np.int32)
-    q, k, v = (rng.standard_normal((128, 2, 32)).astype(BF16) for _ in range(3))
+    q, k, v = qkv(128, 128, 32, heads=(2, 2), layout="bnhd", dtype=BF16,
+                  seed=np.random.default_rng(6))  # packed (total, H, d)
     out, lse = flash(q, k, v, causal=True, softcap=10.0, cu_seqlens_q=cu, cu_seqlens_k=cu)
     kw = {"causal": True, "softcap": 10.0, "cu_seqlens_q": cu, "cu_seqlens_k": cu}
     assert_attention_close(out, q, k, v, lse=lse, rule="model", **kw)
@@ -169,7 +163,7 @@ def test_planted_samples_are_the_kernels_output():
 
     import ml_dtypes
 
-    from tests.conftest import ROOT
+    from conftest import ROOT
 
     spec = importlib.util.spec_from_file_location("make", ROOT / "samples/planted/make.py")
     make = importlib.util.module_from_spec(spec)

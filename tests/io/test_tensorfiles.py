@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import safetensors.numpy as stn
 
-from conftest import osm
+from conftest import osm, qkv, rand
 from osm_cli.io import load_array, load_bundle, tensor_names
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -78,13 +78,13 @@ def test_float8_safetensors_read_from_the_bytes(tmp_path):
         np.float32))
 
 
-def test_attention_runs_a_bf16_or_fp8_kernel_in_its_own_dtype(runner, tmp_path, kernel):
+def test_attention_runs_a_bf16_or_fp8_kernel_in_its_own_dtype(tmp_path, kernel):
     """bf16 (or fp8) Q, K, V can only come from a kernel in that dtype: --dtype defaults to it."""
     r = osm("attention", kernel, "--causal", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["precision"]["dtype"] == "bfloat16" and doc["precision"]["verdict"]["passed"]
-    x = np.random.default_rng(0).normal(0, 1, (2, 16, 8)).astype(ml_dtypes.float8_e4m3fn)
+    x = rand(2, 16, 8, dtype=ml_dtypes.float8_e4m3fn)
     write_safetensors(tmp_path / "f8.safetensors", {"q": x, "k": x, "v": x})
     r = osm("attention", tmp_path / "f8.safetensors", "--json")
     assert r.exit_code == 0, r.output
@@ -93,7 +93,7 @@ def test_attention_runs_a_bf16_or_fp8_kernel_in_its_own_dtype(runner, tmp_path, 
     assert json.loads(r.stdout)["precision"]["dtype"] == "float32"  # unless it says otherwise
 
 
-def test_every_reader_takes_safetensors(runner, tmp_path):
+def test_every_reader_takes_safetensors(tmp_path):
     """Scores, Q/K/V (three files or one), masks and split-KV partials."""
     rng = np.random.default_rng(3)
     s = rng.normal(0, 2, 10)
@@ -101,13 +101,12 @@ def test_every_reader_takes_safetensors(runner, tmp_path):
     r = osm("trace", tmp_path / "s.safetensors", "-b", "4", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["probabilities"] == pytest.approx(
         np.exp(s - s.max()) / np.exp(s - s.max()).sum())
-    q, k, v = (rng.normal(0, 1, (8, 4)).astype(np.float32) for _ in range(3))
+    q, k, v = qkv(8, 8, 4, dtype=np.float32, seed=rng)  # drawn after s
     for n, a in zip("qkv", (q, k, v), strict=True):
         stn.save_file({n: a}, str(tmp_path / f"{n}.safetensors"))
     stn.save_file({"mask": np.tril(np.ones((8, 8), bool))}, str(tmp_path / "m.safetensors"))
     three = [tmp_path / f"{n}.safetensors" for n in "qkv"]
-    with_mask = osm("attention", *three, "--mask", tmp_path / "m.safetensors",
-                       "--json")
+    with_mask = osm("attention", *three, "--mask", tmp_path / "m.safetensors", "--json")
     causal = osm("attention", *three, "--causal", "--json")
     assert with_mask.exit_code == 0, with_mask.output
     assert (json.loads(with_mask.stdout)["trace"]["out"]
@@ -122,7 +121,7 @@ def test_every_reader_takes_safetensors(runner, tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout)["row_lse"] == pytest.approx(np.log(4))
 
 
-def test_backward_takes_a_safetensors_bundle_and_raw_npy(runner, tmp_path):
+def test_backward_takes_a_safetensors_bundle_and_raw_npy(tmp_path):
     """osm backward's q, k, v, do (and o, lse) by name from one .safetensors, the same numbers
     as from the .npz; and its four .npy files as bf16 |V2 with --input-dtype."""
     z = dict(np.load("samples/backward_tiny.npz"))
@@ -131,9 +130,9 @@ def test_backward_takes_a_safetensors_bundle_and_raw_npy(runner, tmp_path):
     b = osm("backward", tmp_path / "tiny.safetensors", "--scale", "1", "--json")
     assert a.exit_code == 0 and b.exit_code == 0, b.output
     assert json.loads(a.stdout)["errors"] == json.loads(b.stdout)["errors"]
-    rng = np.random.default_rng(4)
-    for n in ("q", "k", "v", "do"):
-        np.save(tmp_path / f"{n}.npy", rng.normal(0, 1, (2, 16, 8)).astype(BF16))
+    for n, x in zip(("q", "k", "v", "do"), qkv(16, 16, 8, heads=(2, 2), dtype=BF16, do=True,
+                                               seed=np.random.default_rng(4)), strict=True):
+        np.save(tmp_path / f"{n}.npy", x)
     files = [tmp_path / f"{n}.npy" for n in ("q", "k", "v", "do")]
     r = osm("backward", *files)
     assert r.exit_code == 1 and "pass --input-dtype bf16" in r.stderr
@@ -141,7 +140,7 @@ def test_backward_takes_a_safetensors_bundle_and_raw_npy(runner, tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_a_broken_safetensors_file_is_one_error_line(runner, tmp_path, kernel):
+def test_a_broken_safetensors_file_is_one_error_line(tmp_path, kernel):
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     r = osm("attention", tmp_path / "bad.safetensors")
     assert r.exit_code == 1 and r.stdout == ""
@@ -169,7 +168,7 @@ def raw_npy(tmp_path):
     return tmp_path
 
 
-def test_raw_two_byte_values_say_what_to_pass(runner, raw_npy):
+def test_raw_two_byte_values_say_what_to_pass(raw_npy):
     r = osm("attention", *(raw_npy / f"{n}.npy" for n in "qkv"))
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr == (
@@ -178,7 +177,7 @@ def test_raw_two_byte_values_say_what_to_pass(runner, raw_npy):
         "that, or save the file as .safetensors or float32\n")
 
 
-def test_input_dtype_reads_them(runner, raw_npy):
+def test_input_dtype_reads_them(raw_npy):
     files = [raw_npy / f"{n}.npy" for n in ("out", "q", "k", "v")]
     r = osm("check", *files, "--lse", raw_npy / "lse.npy", "--causal",
                "--input-dtype", "bf16", "--json")
@@ -199,7 +198,7 @@ def test_input_dtype_reads_them(runner, raw_npy):
 
 
 @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
-def test_raw_one_byte_values_name_the_float8_formats(runner, tmp_path, fp8):
+def test_raw_one_byte_values_name_the_float8_formats(tmp_path, fp8):
     """ml_dtypes saves float8_e4m3fn with descr 'V1' and float8_e5m2 with 'f1', which np.load
     cannot even read: both come back as raw 1-byte values."""
     np.save(tmp_path / "s.npy", np.array([0.5, 1.0, 1.5, 2.0], getattr(ml_dtypes, fp8)))
@@ -216,7 +215,7 @@ def test_raw_one_byte_values_name_the_float8_formats(runner, tmp_path, fp8):
 
 
 @pytest.mark.parametrize("tag", ["fp16", "bf16"])
-def test_check_bundle_npz(runner, tag):
+def test_check_bundle_npz(tag):
     """samples/kernel_*.npz hold out, q, k, v and lse: one argument judges both."""
     r = osm("check", f"samples/kernel_{tag}.npz", "--causal",
                *(["--dtype", "bf16"] if tag == "bf16" else []))  # bf16 stored as float32
@@ -225,7 +224,7 @@ def test_check_bundle_npz(runner, tag):
     assert "LSE rule" in r.stdout
 
 
-def test_check_bundle_safetensors_in_one_command(runner, kernel):
+def test_check_bundle_safetensors_in_one_command(kernel):
     """A kernel's bf16 tensors in a .safetensors file to a verdict: no --dtype needed."""
     r = osm("check", kernel, "--causal")
     assert r.exit_code == 0, r.output
@@ -233,7 +232,7 @@ def test_check_bundle_safetensors_in_one_command(runner, kernel):
     assert "verdict                            PASS" in r.stdout
 
 
-def test_check_bundle_fails_a_corrupt_row(runner, tmp_path):
+def test_check_bundle_fails_a_corrupt_row(tmp_path):
     z = dict(np.load("samples/kernel_fp16.npz"))
     z["out"] = z["out"].copy()
     z["out"][0, 1, 200] *= np.float16(1.05)
@@ -243,15 +242,23 @@ def test_check_bundle_fails_a_corrupt_row(runner, tmp_path):
     assert "1 of 512 rows over the bound" in r.stderr
 
 
-def test_check_out_and_one_qkv_safetensors(runner, tmp_path, kernel):
+def test_check_out_and_one_qkv_safetensors(tmp_path, kernel):
     z = np.load("samples/kernel_fp16.npz")
     np.save(tmp_path / "o.npy", z["out"])
     stn.save_file({n: z[n] for n in "qkv"}, str(tmp_path / "qkv.safetensors"))
-    r = osm("check", tmp_path / "o.npy", tmp_path / "qkv.safetensors", "--causal")
-    assert r.exit_code == 0, r.output
+    r = osm("check", tmp_path / "o.npy", tmp_path / "qkv.safetensors", "--causal", code=0)
+    # Q, K, V read by name from the one .safetensors: the out of the bundle judged alike
+    assert " ".join(r.stdout.split()).startswith(
+        f"{tmp_path / 'o.npy'}: shape (1, 2, 256, 64), judged as float16 against the float64 "
+        "reference of the float16-rounded Q, K, V")
+    assert "verdict                            PASS" in r.stdout
+    bundle = osm("check", "samples/kernel_fp16.npz", "--causal", code=0).stdout
+    row = [ln.split() for ln in r.stdout.splitlines() if ln.startswith(" out ")]
+    assert row == [ln.split() for ln in bundle.splitlines() if ln.startswith(" out ")]
+    assert row == [["out", "0.000977", "0.00586", "PASS"]]
 
 
-def test_check_bundle_errors(runner, tmp_path):
+def test_check_bundle_errors(tmp_path):
     z = dict(np.load("samples/kernel_fp16.npz"))
     np.savez(tmp_path / "no_out.npz", **{n: z[n] for n in "qkv"})
     r = osm("check", tmp_path / "no_out.npz")
@@ -266,13 +273,13 @@ def test_check_bundle_errors(runner, tmp_path):
     assert r.exit_code == 1 and "got 3 files" in r.stderr
 
 
-def test_check_bundle_judges_its_gradients(runner, tmp_path):
+def test_check_bundle_judges_its_gradients(tmp_path):
     """do, dq, dk, dv in a bundle are judged as --do, --dq, --dk, --dv are: the float64
     gradients cast to fp16 pass; dQ off by 5 % in one row fails, and says which gradient."""
     from osm_cli import attention_reference
 
     z = dict(np.load("samples/kernel_fp16.npz"))
-    do = np.random.default_rng(5).normal(0, 1, z["q"].shape).astype(np.float16)
+    do = rand(*z["q"].shape, seed=5, dtype=np.float16)
     grads = attention_reference(z["q"], z["k"], z["v"], dout=do, causal=True).grads
     dq, dk, dv = (g.astype(np.float16) for g in grads)
     np.savez(tmp_path / "fwd_bwd.npz", **z, do=do, dq=dq, dk=dk, dv=dv)
