@@ -44,12 +44,12 @@ def rand(*shape, seed=0, dtype=np.float64) -> np.ndarray:
 
 
 def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout="bhnd",
-        do=False, spread=1.0):
+        do=False, spread=1.0, stream=False):
     """Random Q (…, t, d), K (…, s, d), V (…, s, dv), and dO (…, t, dv) when do, as
     flash-attention's tests' generate_qkv makes them: seeded (Q from `seed`, K from seed + 1, V
-    from seed + 2, dO from seed + 3, so a tensor stays the same when another changes shape; or
-    one after the other from `seed` when it is a numpy Generator), standard normal values
-    rounded to `dtype`. heads = (Hq, Hkv), GQA/MQA when they differ;
+    from seed + 2, dO from seed + 3, so a tensor stays the same when another changes shape; or,
+    with stream or when `seed` is a numpy Generator, one after the other from one generator),
+    standard normal values rounded to `dtype`. heads = (Hq, Hkv), GQA/MQA when they differ;
     b None: no batch axis (and no head axis for one head each). layout "bhnd": (B, H, N, d);
     "bnhd": FlashAttention's (B, N, H, d). spread: Q and K (in dtype) times it, so the scores
     spread spread² times as wide.
@@ -67,6 +67,8 @@ def qkv(t, s, d, dv=None, heads=(1, 1), b=None, seed=0, dtype=np.float64, layout
         return (*lead, n, width)
 
     dv = d if dv is None else dv
+    if stream:
+        seed = np.random.default_rng(seed)
     one = isinstance(seed, np.random.Generator)
     q, k, v = (rand(*shape(lead, n, width), seed=seed if one else seed + i, dtype=dtype)
                for i, (lead, n, width) in enumerate(

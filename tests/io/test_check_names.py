@@ -24,7 +24,7 @@ def _bundle(path, bug=None, **extra):
     """What a user saves after out, softmax_lse, S_dmask = flash_attn_func(…,
     return_attn_probs=True): FlashAttention's names, float32 copies of the bf16 values."""
     q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
-                  seed=np.random.default_rng(1))
+                  seed=1, stream=True)
     out, lse = planted(bug)(q, k, v, causal=True)
     arrays = {"q": q, "k": k, "v": v, "out": out}
     np.savez(path, **{n: x.astype(np.float32) for n, x in arrays.items()},
@@ -67,7 +67,7 @@ def test_strict_refuses_unused_arrays(tmp_path):
 
 def test_two_names_of_one_tensor_refused(tmp_path):
     q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
-                  seed=np.random.default_rng(1))
+                  seed=1, stream=True)
     p = tmp_path / "two.npz"
     np.savez(p, q=q.astype(np.float32), k=k.astype(np.float32), v=v.astype(np.float32),
              out=q.astype(np.float32), lse=np.zeros(3), softmax_lse=np.zeros(3))
@@ -78,7 +78,7 @@ def test_two_names_of_one_tensor_refused(tmp_path):
 def test_pytorch_names(tmp_path):
     """query/key/value, o and dout (SDPA's and FlashAttention's backward names)."""
     q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
-                  seed=np.random.default_rng(1))
+                  seed=1, stream=True)
     p = tmp_path / "torch.npz"
     np.savez(p, query=q.astype(np.float32), key=k.astype(np.float32),
              value=v.astype(np.float32), o=q.astype(np.float32), dout=q.astype(np.float32))
@@ -125,7 +125,7 @@ def test_json_failures(tmp_path):
 def test_assert_names_the_failing_gradient():
     """Only dQ fails: the message opens with dQ, not with the output."""
     q, k, v = qkv(128, 128, 32, heads=(4, 4), b=1, layout="bnhd", dtype=BF16,
-                  seed=np.random.default_rng(1))
+                  seed=1, stream=True)
     kern = planted("dq_head")
     out, lse = kern(q, k, v, causal=True)
     dout = rand(*out.shape, seed=3, dtype=BF16)
@@ -143,8 +143,8 @@ def test_assert_takes_checks_keywords():
     """softcap, varlen, rule and lse_base reach check: a correct varlen softcapped kernel
     passes; its LSE read in base 2 fails."""
     cu = np.array([0, 50, 128], np.int32)
-    q, k, v = qkv(128, 128, 32, heads=(2, 2), layout="bnhd", dtype=BF16,
-                  seed=np.random.default_rng(6))  # packed (total, H, d)
+    q, k, v = qkv(128, 128, 32, heads=(2, 2), layout="bnhd", dtype=BF16, seed=6,
+                  stream=True)  # packed (total, H, d)
     out, lse = flash(q, k, v, causal=True, softcap=10.0, cu_seqlens_q=cu, cu_seqlens_k=cu)
     kw = {"causal": True, "softcap": 10.0, "cu_seqlens_q": cu, "cu_seqlens_k": cu}
     assert_attention_close(out, q, k, v, lse=lse, rule="model", **kw)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm, qkv
 from osm_cli.precision.check import check
 from osm_cli.precision.dtypes import DTYPES
 
@@ -80,8 +80,8 @@ def test_check_accepts_flashattention_lse_layout_for_bnhd():
 # The command: exit codes
 
 
-def test_cli_pass_exit_0(runner, tmp_path):
-    r = runner.invoke(app, _args(_files(tmp_path), "--dtype", "fp16", "--top", "2"))
+def test_cli_pass_exit_0(tmp_path):
+    r = osm(*_args(_files(tmp_path), "--dtype", "fp16", "--top", "2"))
     assert r.exit_code == 0, r.output
     assert r.stderr == ""
     text = " ".join(r.stdout.split())  # the table wraps long lines
@@ -91,8 +91,8 @@ def test_cli_pass_exit_0(runner, tmp_path):
     assert "worst 2 rows" in r.stdout
 
 
-def test_cli_fail_exit_1_with_a_verdict_line(runner, tmp_path):
-    r = runner.invoke(app, _args(_files(tmp_path, corrupt=_scale_row)))
+def test_cli_fail_exit_1_with_a_verdict_line(tmp_path):
+    r = osm(*_args(_files(tmp_path, corrupt=_scale_row)))
     assert r.exit_code == 1
     assert r.stderr.startswith("FAIL: max|out − ref| = ")
     assert "> 2·0.00195 + 2·0.000977 = 0.00586 (float16); 1 of 512 rows over the bound" in r.stderr
@@ -100,20 +100,20 @@ def test_cli_fail_exit_1_with_a_verdict_line(runner, tmp_path):
     assert "verdict" in r.stdout and "FAIL" in r.stdout
 
 
-def test_cli_fail_on_lse_alone(runner, tmp_path):
-    r = runner.invoke(app, _args(_files(tmp_path, lse_shift=0.01), "--no-model"))
+def test_cli_fail_on_lse_alone(tmp_path):
+    r = osm(*_args(_files(tmp_path, lse_shift=0.01), "--no-model"))
     assert r.exit_code == 1
     assert r.stderr.startswith("FAIL: max|lse − ref| = 0.01 > 2·0.000401 + 2·2.38e-07 = 0.000803")
 
 
-def test_cli_bf16_output_saved_as_float32_gets_a_hint(runner, tmp_path):
+def test_cli_bf16_output_saved_as_float32_gets_a_hint(tmp_path):
     """Without --dtype a float32 OUT is judged as float32, and bfloat16 kernels then fail."""
     p = _files(tmp_path, "bf16")
-    r = runner.invoke(app, _args(p, "--no-model"))
+    r = osm(*_args(p, "--no-model"))
     assert r.exit_code == 1
     assert "every value of OUT fits bfloat16: was it a bfloat16 kernel? Judge it with --dtype " \
            "bfloat16" in r.stderr
-    assert runner.invoke(app, _args(p, "--dtype", "bf16", "--no-model")).exit_code == 0
+    assert osm(*_args(p, "--dtype", "bf16", "--no-model")).exit_code == 0
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -126,23 +126,23 @@ def test_cli_bf16_output_saved_as_float32_gets_a_hint(runner, tmp_path):
     (lambda p: np.save(p["out"], np.zeros((1, 2, 256, 64), np.int32)),
      "has dtype int32; give --dtype"),
 ])
-def test_cli_bad_input_exit_1_with_error(runner, tmp_path, edit, message):
+def test_cli_bad_input_exit_1_with_error(tmp_path, edit, message):
     p = _files(tmp_path)
     edit(p)
-    r = runner.invoke(app, _args(p))
+    r = osm(*_args(p))
     assert r.exit_code == 1
     assert r.stderr.startswith("Error: ") and message in r.stderr
     assert "FAIL" not in r.stderr and r.stdout == ""
 
 
-def test_cli_bad_dtype_exit_2(runner, tmp_path):
-    r = runner.invoke(app, _args(_files(tmp_path), "--dtype", "fp7"))
+def test_cli_bad_dtype_exit_2(tmp_path):
+    r = osm(*_args(_files(tmp_path), "--dtype", "fp7"))
     assert r.exit_code == 2
     assert "unknown dtype 'fp7'" in r.stderr
 
 
-def test_cli_json(runner, tmp_path, strict_json):
-    r = runner.invoke(app, _args(_files(tmp_path), "--json", "--top", "1"))
+def test_cli_json(tmp_path, strict_json):
+    r = osm(*_args(_files(tmp_path), "--json", "--top", "1"))
     assert r.exit_code == 0
     doc = strict_json(r.stdout)
     assert doc["verdict"]["passed"] is True and doc["verdict"]["dtype"] == "float16"
@@ -150,8 +150,8 @@ def test_cli_json(runner, tmp_path, strict_json):
     assert doc["rows"] == 512 and doc["rows_over_bound"] == 0 and len(doc["worst_rows"]) == 1
 
 
-def test_every_new_command_has_help(runner):
-    r = runner.invoke(app, ["check", "--help"])
+def test_every_new_command_has_help():
+    r = osm("check", "--help")
     assert r.exit_code == 0 and "FlashAttention" in r.stdout and "--dtype" in r.stdout
 
 
@@ -159,13 +159,13 @@ def test_every_new_command_has_help(runner):
 # --dtype on attention, trace and overflow-demo
 
 
-def test_attention_dtype_verdict_json(runner, tmp_path, strict_json):
+def test_attention_dtype_verdict_json(tmp_path, strict_json):
     z = np.load("samples/kernel_bf16.npz")
     paths = []
     for n in ("q", "k", "v"):
         paths.append(str(tmp_path / f"{n}.npy"))
         np.save(paths[-1], z[n])
-    r = runner.invoke(app, ["attention", *paths, "--causal", "--dtype", "bf16", "--json"])
+    r = osm("attention", *paths, "--causal", "--dtype", "bf16", "--json")
     assert r.exit_code == 0, r.output
     doc = strict_json(r.stdout)["precision"]
     assert (doc["dtype"], doc["precision"], doc["accum"]) == ("bfloat16", "flash", "float32")
@@ -176,21 +176,21 @@ def test_attention_dtype_verdict_json(runner, tmp_path, strict_json):
     assert v["plain_max_err_vs_fp64"] > v["max_err_vs_fp64"]
 
 
-def test_attention_dtype_text(runner):
-    r = runner.invoke(app, ["attention", "samples/qkv.npz", "--dtype", "fp16", "--causal"])
+def test_attention_dtype_text():
+    r = osm("attention", "samples/qkv.npz", "--dtype", "fp16", "--causal")
     assert r.exit_code == 0, r.output
     assert "FlashAttention test rule" in r.stdout and "PASS" in r.stdout
     assert "max |O − ref64|, plain float16" in r.stdout
 
 
-def test_attention_precision_needs_dtype(runner):
-    r = runner.invoke(app, ["attention", "samples/qkv.npz", "--precision", "naive"])
+def test_attention_precision_needs_dtype():
+    r = osm("attention", "samples/qkv.npz", "--precision", "naive")
     assert r.exit_code == 1 and r.stderr == "Error: --precision and --accum need --dtype\n"
 
 
-def test_trace_dtype_json(runner, strict_json):
-    r = runner.invoke(app, ["trace", "samples/scores.txt", "-b", "2", "--dtype", "bf16",
-                            "--precision", "naive", "--json"])
+def test_trace_dtype_json(strict_json):
+    r = osm("trace", "samples/scores.txt", "-b", "2", "--dtype", "bf16",
+            "--precision", "naive", "--json")
     assert r.exit_code == 0, r.output
     doc = strict_json(r.stdout)
     assert doc["dtype"] == "bfloat16" and doc["precision"] == "naive"
@@ -198,14 +198,14 @@ def test_trace_dtype_json(runner, strict_json):
     assert doc["probabilities"] == [0.087890625, 0.64453125, 0.0322265625, 0.2373046875]
 
 
-def test_trace_dtype_marks_overflow(runner):
-    r = runner.invoke(app, ["trace", "--values", "2,4,70000", "-b", "2", "--dtype", "fp16"])
+def test_trace_dtype_marks_overflow():
+    r = osm("trace", "--values", "2,4,70000", "-b", "2", "--dtype", "fp16")
     assert r.exit_code == 0, r.output
     assert "overflow → inf" in r.stdout and "1 overflowed to inf" in r.stdout
 
 
-def test_overflow_demo_dtype(runner):
-    r = runner.invoke(app, ["overflow-demo", "--dtype", "e4m3", "--dtype", "fp16"])
+def test_overflow_demo_dtype():
+    r = osm("overflow-demo", "--dtype", "e4m3", "--dtype", "fp16")
     assert r.exit_code == 0, r.output
     assert "float8_e4m3fn" in r.stdout and "bfloat16" not in r.stdout
     assert "x as each dtype holds it" in r.stdout
@@ -244,9 +244,10 @@ def _flash_case(dtype="bfloat16", seed=5, shape=(1, 4, 160, 64), **opts):
     from osm_cli.precision.kernels import run_flash
     from osm_cli.precision.model import model
 
-    rng = np.random.default_rng(seed)
+    b, h, n, d = shape
     m = model(dtype)
-    arrays = {n: rng.standard_normal(shape).astype(np.float32) for n in ("Q", "K", "V", "dO")}
+    drawn = qkv(n, n, d, heads=(h, h), b=b, dtype=np.float32, seed=seed, stream=True, do=True)
+    arrays = dict(zip(("Q", "K", "V", "dO"), drawn, strict=True))
     (q, k, v, do), _ = round_inputs(arrays, DTYPES[dtype])
     f = run_flash(m, q, k, v, trace_at=None, kernel="fa2", **opts)
     b = flash_backward(m, q, k, v, do, f.out, f.lse, trace_at=None, **opts)
@@ -286,7 +287,7 @@ def test_gradients_need_do_and_the_right_shapes():
         _judge({**c, "dk": c["dk"][..., :4]})
 
 
-def test_check_cli_judges_gradients(runner, tmp_path, strict_json):
+def test_check_cli_judges_gradients(tmp_path, strict_json):
     c = _flash_case(shape=(1, 2, 40, 16))
     paths = {}
     for name, arr in c.items():
@@ -294,7 +295,7 @@ def test_check_cli_judges_gradients(runner, tmp_path, strict_json):
         np.save(paths[name], arr)
     args = ["check", paths["out"], paths["q"], paths["k"], paths["v"], "--dtype", "bf16",
             "--do", paths["do"], "--dq", paths["dq"], "--dk", paths["dk"], "--dv", paths["dv"]]
-    ok = runner.invoke(app, [*map(str, args), "--json"])
+    ok = osm(*map(str, args), "--json")
     assert ok.exit_code == 0, ok.stderr
     doc = strict_json(ok.stdout)
     assert [g["gradient"] for g in doc["gradients"]] == ["dq", "dk", "dv"] and doc["passed"]
@@ -302,7 +303,7 @@ def test_check_cli_judges_gradients(runner, tmp_path, strict_json):
     dv = c["dv"].copy()
     dv[0, 0, :16] = 0  # one K/V tile's contribution lost: its dV rows zero
     np.save(paths["dv"], dv)
-    bad = runner.invoke(app, list(map(str, args)))
+    bad = osm(*args)
     assert bad.exit_code == 1
     assert "FAIL: max|dV − ref|" in bad.stderr and "worst head 0 of batch 0" in bad.stderr
     assert "worst 5 rows of dV (nearest its bound)" in bad.stdout

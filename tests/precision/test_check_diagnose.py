@@ -14,20 +14,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import qkv, rand
 from osm_cli.cli.flags import flag
 from osm_cli.precision.check import check
 from osm_cli.present.diagnosis import advice, failures_text
 from tests.kernels.planted import flash, planted
 
 BF16 = ml_dtypes.bfloat16
-
-
-def _inputs(t=256, s=256, h=4, hk=4, d=64, dtype=BF16, seed=0, b=1):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, t, h, d)).astype(dtype)
-    k = rng.standard_normal((b, s, hk, d)).astype(dtype)
-    v = rng.standard_normal((b, s, hk, d)).astype(dtype)
-    return q, k, v
+# FlashAttention's (B, N, H, d) in bfloat16, Q, K, V drawn one after the other from one generator
+BNHD = {"layout": "bnhd", "dtype": BF16, "stream": True}
 
 
 def _judge(kernel, q, k, v, *, rule="fa", **kw):
@@ -56,7 +51,8 @@ def test_correct_kernels_pass_both_rules(case):
     """The blockwise online-softmax kernel (GQA, causal with t ≠ s, softcap) passes fa and
     model: no false positive, no flagged head."""
     shape = {n: case[n] for n in ("t", "s", "hk") if n in case}
-    q, k, v = _inputs(**shape)
+    q, k, v = qkv(shape.get("t", 256), shape.get("s", 256), 64, heads=(4, shape.get("hk", 4)),
+                  b=1, **BNHD)
     kw = {n: x for n, x in case.items() if n not in shape}
     for rule in ("fa", "model"):
         rep = _judge(flash, q, k, v, rule=rule, **kw)
@@ -66,9 +62,8 @@ def test_correct_kernels_pass_both_rules(case):
 
 
 def test_correct_varlen_kernel_passes():
-    rng = np.random.default_rng(3)
     cu = np.array([0, 70, 70, 200, 256], np.int32)
-    q, k, v = (rng.standard_normal((256, 4, 32)).astype(BF16) for _ in range(3))
+    q, k, v = qkv(256, 256, 32, heads=(4, 4), seed=3, **BNHD)  # packed (total, H, d)
     out, lse = flash(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
     rep = check(out, q, k, v, "bf16", lse=lse, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
     assert rep.passed and not rep.failures
@@ -77,7 +72,7 @@ def test_correct_varlen_kernel_passes():
 def test_lse_base2_named():
     """FlashInfer's and Triton's base-2 LSE: the LSE fails, the output passes, and the probe
     says base 2 with the flag that states it; with --lse-base 2 it passes."""
-    q, k, v = _inputs()
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
     rep = _judge(planted("lse_base2"), q, k, v, causal=True)
     assert not rep.passed and [t.tensor for t in rep.failures] == ["lse"]
     msgs = _messages(rep, "lse")
@@ -90,7 +85,7 @@ def test_lse_base2_named():
 
 
 def test_causal_topleft_named():
-    q, k, v = _inputs(t=128, s=320)
+    q, k, v = qkv(128, 320, 64, heads=(4, 4), b=1, **BNHD)
     rep = _judge(planted("causal_topleft"), q, k, v, causal=True)
     assert not _tensor(rep, "out").passed
     assert any("aligned top-left" in m and "--causal-align top-left" in m
@@ -98,14 +93,14 @@ def test_causal_topleft_named():
 
 
 def test_scale_1_over_d_named():
-    q, k, v = _inputs()
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
     rep = _judge(planted("scale_1_over_d"), q, k, v, causal=True)
     assert any("scale 1/d = 0.015625" in m and "--scale 0.015625" in m
                for m in _messages(rep, "out")), _messages(rep, "out")
 
 
 def test_gqa_mod_named():
-    q, k, v = _inputs(h=8, hk=2)
+    q, k, v = qkv(256, 256, 64, heads=(8, 2), b=1, **BNHD)
     rep = _judge(planted("gqa_mod"), q, k, v, causal=True)
     out = _tensor(rep, "out")
     assert not out.passed
@@ -115,15 +110,14 @@ def test_gqa_mod_named():
 
 
 def test_softcap_after_mask_named():
-    q, k, v = _inputs()
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
     rep = _judge(planted("softcap_after_mask"), q, k, v, causal=True, softcap=5.0)
     assert any("softcap applied after the mask" in m for m in _messages(rep, "out"))
 
 
 def test_layout_transposed_named():
     """A kernel given (B, H, N, d) arrays that reads them as FlashAttention's (B, N, H, d)."""
-    rng = np.random.default_rng(5)
-    q, k, v = (rng.standard_normal((1, 4, 96, 32)).astype(BF16) for _ in range(3))
+    q, k, v = qkv(96, 96, 32, heads=(4, 4), b=1, seed=5, dtype=BF16, stream=True)
     out, _ = flash(q, k, v)  # reads axis 1 as the sequence
     rep = check(out, q, k, v, "bf16")  # judged as the bhnd arrays they are
     assert any("read as (B, N, H, d)" in m and "--layout bnhd" in m
@@ -133,7 +127,7 @@ def test_layout_transposed_named():
 def test_double_count_located():
     """The first K/V tile counted twice on every other Q tile of 64 rows: located as such,
     and the tile map blames K/V tile 0 on Q tiles 1, 3, 5, …"""
-    q, k, v = _inputs(t=512, s=512, h=2, hk=2)
+    q, k, v = qkv(512, 512, 64, heads=(2, 2), b=1, **BNHD)
     rep = _judge(planted("double_count"), q, k, v)
     out = _tensor(rep, "out")
     assert not out.passed
@@ -146,7 +140,7 @@ def test_double_count_located():
 
 
 def test_last_tile_drop_located():
-    q, k, v = _inputs(t=256, s=320, h=2, hk=2)
+    q, k, v = qkv(256, 320, 64, heads=(2, 2), b=1, **BNHD)
     rep = _judge(planted("last_tile_drop"), q, k, v)
     assert not rep.passed
     assert rep.tile_map.patterns == ("the last K/V tile of 64 rows (tile 4) explains the error",)
@@ -155,7 +149,7 @@ def test_last_tile_drop_located():
 
 def test_bf16_accumulation_fails_model_rule_only():
     """O accumulated in bf16 passes FlashAttention's rule and fails the model rule."""
-    q, k, v = _inputs(t=512, s=512, h=2, hk=2)
+    q, k, v = qkv(512, 512, 64, heads=(2, 2), b=1, **BNHD)
     assert _judge(planted("bf16_accumulation"), q, k, v, causal=True).passed
     rep = _judge(planted("bf16_accumulation"), q, k, v, causal=True, rule="model")
     out = _tensor(rep, "out")
@@ -166,7 +160,7 @@ def test_bf16_accumulation_fails_model_rule_only():
 def test_head_scale_flagged_and_fails_model_rule():
     """Head 1 × 1.001: the bias statistic flags exactly that head under both rules; the
     model rule fails it and says so."""
-    q, k, v = _inputs(t=512, s=512, h=4, hk=4)
+    q, k, v = qkv(512, 512, 64, heads=(4, 4), b=1, **BNHD)
     fa = _judge(planted("head_scale"), q, k, v, causal=True)
     assert fa.passed
     flagged = [(b.batch, b.head) for b in fa.bias if b.flagged]
@@ -182,7 +176,8 @@ def test_head_scale_flagged_and_fails_model_rule():
 def test_masked_rows_fail_every_rule():
     """Rows that see no key must be exactly 0: the mean of V fails under fa and model, located
     as those rows."""
-    q, k, v = _inputs(t=256, s=128)  # bottom-right causal: the first 128 rows see no key
+    # bottom-right causal: the first 128 rows see no key
+    q, k, v = qkv(256, 128, 64, heads=(4, 4), b=1, **BNHD)
     for rule in ("fa", "model"):
         rep = _judge(planted("masked_rows"), q, k, v, causal=True, rule=rule)
         out = _tensor(rep, "out")
@@ -194,10 +189,10 @@ def test_masked_rows_fail_every_rule():
 
 def test_dq_head_located():
     """dQ of head 0 × 1.1: dQ alone fails; head 0 named, and the factor found."""
-    q, k, v = _inputs(t=128, s=128, h=4, hk=4, d=32)
+    q, k, v = qkv(128, 128, 32, heads=(4, 4), b=1, **BNHD)
     kern = planted("dq_head")
     out, lse = kern(q, k, v, causal=True)
-    dout = np.random.default_rng(9).standard_normal(out.shape).astype(BF16)
+    dout = rand(*out.shape, seed=9, dtype=BF16)
     dq, dk, dv = kern.osm_backward(q, k, v, out, lse, dout, causal=True)
     rep = check(out, q, k, v, "bf16", lse=lse, do=dout, dq=dq, dk=dk, dv=dv, causal=True,
                 layout="bnhd")
@@ -208,9 +203,8 @@ def test_dq_head_located():
 
 
 def test_varlen_shift_located_by_sequence():
-    rng = np.random.default_rng(4)
     cu = np.array([0, 100, 180, 256], np.int32)
-    q, k, v = (rng.standard_normal((256, 2, 32)).astype(BF16) for _ in range(3))
+    q, k, v = qkv(256, 256, 32, heads=(2, 2), seed=4, **BNHD)  # packed (total, H, d)
     out, lse = planted("varlen_shift")(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
     rep = check(out, q, k, v, "bf16", lse=lse, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
     out_v = _tensor(rep, "out")
@@ -222,13 +216,13 @@ def test_varlen_shift_located_by_sequence():
 
 def test_probe_never_passes_a_failure():
     """A convention found leaves the verdict FAIL: only the user's option changes it."""
-    q, k, v = _inputs()
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
     rep = _judge(planted("scale_1_over_d"), q, k, v, causal=True)
     assert rep.probe.found and not rep.passed
 
 
 def test_fail_text_names_rule_where_and_probe():
-    q, k, v = _inputs()
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
     text = failures_text(_judge(planted("lse_base2"), q, k, v, causal=True))
     assert text.startswith("LSE fails FlashAttention's rule: max|lse − ref| = 2.81 > ")
     assert ("; 1024 of 1024 rows over the bound; where: every query row; every head (4); probe: "
@@ -238,7 +232,7 @@ def test_fail_text_names_rule_where_and_probe():
 def test_rules_table_numbers():
     """What the other projects' rules say of the same bf16 output: torch's defaults pass the
     correct kernel, atol 1e-2 too; the base-2 LSE fails them all."""
-    q, k, v = _inputs()
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
     out, lse = flash(q, k, v, causal=True)
     rep = check(out, q, k, v, "bf16", lse=lse * np.float32(1 / math.log(2)), causal=True,
                 layout="bnhd", rules_table=True)

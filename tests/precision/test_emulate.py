@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import captured_cases
+from conftest import captured_cases, qkv
 from osm_cli.errors import OsmError
 from osm_cli.flash.reference import reference
 from osm_cli.precision.emulate import Descale
@@ -32,9 +32,8 @@ def _as(x, dtype):
     return np.asarray(x, F32).astype(dtype).astype(F32)
 
 
-def _bf16_inputs(t=8, s=64, d=64, seed=0):
-    rng = np.random.default_rng(seed)
-    return tuple(_as(rng.normal(size=(1, 1, n, d)), ml_dtypes.bfloat16) for n in (t, s, s))
+def _bf16(xs):
+    return tuple(_as(x, ml_dtypes.bfloat16) for x in xs)
 
 
 # --- the GPU's float32 operations (gpu_ops.py) ------------------------------------------------
@@ -129,7 +128,8 @@ def test_quad_lane_order_differs_from_numpy_sum():
 # --- the presets' refusals ---------------------------------------------------------------------
 
 def test_fp8_on_fa2_names_both():
-    q, k, v = (_as(x, ml_dtypes.float8_e4m3fn) for x in _bf16_inputs())
+    q, k, v = (_as(x, ml_dtypes.float8_e4m3fn)
+               for x in _bf16(qkv(8, 64, 64, b=1, dtype=F32, stream=True)))
     with pytest.raises(OsmError) as exc:
         run_flash(model("e4m3"), q, k, v, kernel="fa2")
     assert str(exc.value) == ("kernel fa2 takes float16, bfloat16 inputs, not float8_e4m3fn "
@@ -138,7 +138,7 @@ def test_fp8_on_fa2_names_both():
 
 
 def test_alibi_on_fa4_is_refused():
-    q, k, v = _bf16_inputs()
+    q, k, v = _bf16(qkv(8, 64, 64, b=1, dtype=F32, stream=True))
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa4", alibi_slopes=np.array([0.5], F32))
     assert str(exc.value) == ("kernel fa4 (FlashAttention-4 SM90 forward (flash_attn.cute, "
@@ -147,7 +147,7 @@ def test_alibi_on_fa4_is_refused():
 
 
 def test_float_mask_on_a_preset_is_refused():
-    q, k, v = _bf16_inputs()
+    q, k, v = _bf16(qkv(8, 64, 64, b=1, dtype=F32, stream=True))
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa2", mask=np.zeros((8, 64), F32))
     assert str(exc.value) == ("kernel fa2 (FlashAttention-2 forward (PyTorch's flash SDPA "
@@ -156,7 +156,7 @@ def test_float_mask_on_a_preset_is_refused():
 
 
 def test_unknown_kernel_lists_the_presets():
-    q, k, v = _bf16_inputs()
+    q, k, v = _bf16(qkv(8, 64, 64, b=1, dtype=F32, stream=True))
     with pytest.raises(OsmError) as exc:
         run_flash(model("bf16"), q, k, v, kernel="fa3")
     assert str(exc.value) == "unknown kernel 'fa3'; the presets are fa2, fa4, fa4-sm100, tiles"
@@ -168,7 +168,7 @@ def test_unknown_kernel_lists_the_presets():
                                         ("fa4-sm100", -np.inf)])
 def test_fully_masked_rows_lse_per_kernel(kernel, lse):
     # causal, bottom-right, t = 8 > s = 4: rows 0–3 see no key
-    q, k, v = _bf16_inputs(t=8, s=4)
+    q, k, v = _bf16(qkv(8, 4, 64, b=1, dtype=F32, stream=True))
     res = run_flash(model("bf16"), q, k, v, kernel=kernel, causal=True)
     assert np.array_equal(res.lse[0, 0, :4], np.full(4, lse, F32))
     assert np.isfinite(res.lse[0, 0, 4:]).all()
@@ -177,7 +177,7 @@ def test_fully_masked_rows_lse_per_kernel(kernel, lse):
 
 @pytest.mark.parametrize("kernel", ["fa4", "fa4-sm100"])
 def test_sink_on_a_fully_masked_row(kernel):
-    q, k, v = _bf16_inputs(t=8, s=4)
+    q, k, v = _bf16(qkv(8, 4, 64, b=1, dtype=F32, stream=True))
     res = run_flash(model("bf16"), q, k, v, kernel=kernel, causal=True,
                     sinks=np.array([0.7], F32))
     assert np.allclose(res.lse[0, 0, :4], 0.7, rtol=0, atol=1e-6)
@@ -189,13 +189,12 @@ def test_sink_on_a_fully_masked_row(kernel):
 def test_trace_order_last_to_first():
     # B·H·⌈t/64⌉ = 212 ≥ 0.8·2·132 query blocks fill the GPU: FA2's standard kernel, no split,
     # block_k 128 for d ≤ 64
-    rng = np.random.default_rng(1)
-    q, k, v = (_as(rng.normal(size=(1, 212, n, 16)), ml_dtypes.bfloat16) for n in (64, 512, 512))
+    q, k, v = _bf16(qkv(64, 512, 16, heads=(212, 212), b=1, dtype=F32, seed=1, stream=True))
     fa2 = run_flash(model("bf16"), q, k, v, kernel="fa2")
     assert fa2.options.splits == 1
     assert [(st.block, st.start, st.stop) for st in fa2.trace.steps] == [
         (3, 384, 512), (2, 256, 384), (1, 128, 256), (0, 0, 128)]
-    q, k, v = _bf16_inputs(t=4, s=512)
+    q, k, v = _bf16(qkv(4, 512, 64, b=1, dtype=F32, stream=True))
     fa4 = run_flash(model("bf16"), q, k, v, kernel="fa4")
     assert [st.block for st in fa4.trace.steps] == [3, 2, 1, 0]
     tiles = run_flash(model("bf16"), q, k, v, kernel="tiles", block_k=128)
@@ -294,9 +293,8 @@ def test_stacked_q_tiles_change_nothing_a_user_sees(monkeypatch, kernel, causal,
     traced row's own Q tile still show as skipped) and the same counters."""
     import osm_cli.flash.plan as plan_module
 
-    rng = np.random.default_rng(11)
-    q, k, v = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(F32)
-               for shape in ((1, 2, 300, 64), (1, 2, 420, 64), (1, 2, 420, 64)))
+    q, k, v = (x.astype(F32) for x in qkv(300, 420, 64, heads=(2, 2), b=1,
+                                          dtype=ml_dtypes.bfloat16, seed=11, stream=True))
     kw = dict(kernel=kernel, mma="tensor-core", causal=causal, window=window,
               trace_at=(0, 1, 150), sms=1)
     stacked = run_flash(model("bf16"), q, k, v, **kw)

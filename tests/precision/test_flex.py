@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEX = ROOT / "samples" / "flex"
@@ -58,7 +58,7 @@ def test_the_wrong_block_mask_fails_with_the_tile_named():
                                    "applied")
 
 
-def test_the_wrong_block_mask_on_the_command_line(runner, tmp_path):
+def test_the_wrong_block_mask_on_the_command_line(tmp_path):
     """osm check OUT Q K V --mask-mod causal --block-mask FILE: exit 1, the tile named; the
     right block mask and outputs of the same inputs pass."""
     with np.load(FLEX / "flex_wrong_block_mask_causal_n256.npz") as z:
@@ -71,11 +71,11 @@ def test_the_wrong_block_mask_on_the_command_line(runner, tmp_path):
     scale = str(json.loads(str(a["meta"]))["scale"])
     base = ["check", "--dtype", "bf16", "--mask-mod", "causal", "--scale", scale, "--no-model"]
     qkv = [str(tmp_path / f"{n}.npy") for n in "qkv"]
-    bad = runner.invoke(app, [*base, str(tmp_path / "out.npy"), *qkv, "--block-mask",
-                              str(tmp_path / "wrong.npz")])
+    bad = osm(*base, str(tmp_path / "out.npy"), *qkv, "--block-mask",
+              str(tmp_path / "wrong.npz"))
     assert bad.exit_code == 1
     assert "FAIL: block mask: batch 0, head 0, Q tile 1 (rows 128:256), K/V tile 1" in bad.stderr
-    good = runner.invoke(app, [*base, str(tmp_path / "out_right.npy"), *qkv, "--block-mask",
-                               str(tmp_path / "right.npz")])
+    good = osm(*base, str(tmp_path / "out_right.npy"), *qkv, "--block-mask",
+               str(tmp_path / "right.npz"))
     assert good.exit_code == 0, good.stdout + good.stderr
     assert "block mask PASS: 0 wrong of 8 tiles" in good.stdout

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import qkv
 from osm_cli.errors import OsmError, ShapeError
 from osm_cli.flash.forward import attention
 from osm_cli.precision.dtypes import DTYPES, carrier, has_inf, round_inputs, round_to, rounding, ulp
@@ -128,8 +129,7 @@ def test_flash_model_rounds_p_and_output():
        bq=st.integers(1, 4), bk=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_float64_model_is_the_plain_float64_path(t, s, d, causal, bq, bk, seed):
     """--dtype float64 is attention() itself, bit for bit; naive float64 is the reference."""
-    rng = np.random.default_rng(seed)
-    q, k, v = rng.standard_normal((t, d)), rng.standard_normal((s, d)), rng.standard_normal((s, 2))
+    q, k, v = qkv(t, s, d, dv=2, seed=seed, stream=True)
     kw = dict(causal=causal, block_q=bq, block_k=bk, trace_at=None)
     tiled = attention(q, k, v, **kw)
     flash = run_flash(model("float64"), q, k, v, **kw)
@@ -144,9 +144,7 @@ def test_float64_model_is_the_plain_float64_path(t, s, d, causal, bq, bk, seed):
 
 def test_plain_rounds_each_op_like_pytorch():
     """plain(fp16) = round(round(round(q·scale)·Kᵀ) softmax, round(P·V)), float32 inside."""
-    rng = np.random.default_rng(3)
-    q, k, v = (rng.standard_normal((5, 8)).astype(np.float16).astype(np.float32)
-               for _ in range(3))
+    q, k, v = (x.astype(np.float32) for x in qkv(5, 5, 8, dtype=np.float16, seed=3, stream=True))
 
     def r(x):
         return x.astype(np.float16).astype(np.float32)
@@ -175,8 +173,7 @@ def test_plain_takes_the_references_edge_cases():
 
 
 def test_naive_model_is_plain_attention_with_the_run_record():
-    rng = np.random.default_rng(4)
-    q, k, v = (rng.standard_normal((2, 6, 4)) for _ in range(3))
+    q, k, v = qkv(6, 6, 4, heads=(2, 2), seed=4, stream=True)
     m = model("fp16", "naive")
     res = run_naive(m, q, k, v, causal=True, trace_at=(0, 1, 2))
     out, _ = plain(q, k, v, F16, causal=True)
@@ -270,10 +267,9 @@ def test_fa2_schedule_with_splits_is_still_attention(causal):
     16-bit inputs): both within ~1 bf16 ulp of the row's largest |O| of the reference, the two
     runs within 1 ulp of each other (the merge's extra rounding), their LSEs within 1e-6.
     Causal top-left rows see only the first range's keys: split and unsplit are identical."""
-    rng = np.random.default_rng(5)
     m = model("bf16")
-    (q, k, v), _ = round_inputs({n: rng.standard_normal((1, 2, t, 8)) for n, t in
-                                 (("Q", 40), ("K", 700), ("V", 700))}, m.dtype)
+    drawn = qkv(40, 700, 8, heads=(2, 2), b=1, seed=5, stream=True)
+    (q, k, v), _ = round_inputs(dict(zip("QKV", drawn, strict=True)), m.dtype)
     assert fa2_plan(1, 2, 40, 700, 8)[2] == 3
     kw = dict(kernel="fa2", trace_at=None, causal=causal, causal_align="top-left")
     split = run_flash(m, q, k, v, **kw)
