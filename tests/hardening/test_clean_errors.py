@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import osm_cli
-from osm_cli.cli import app
+from conftest import osm
 
 TEMP_TAG = ".osm-tmp-"
 HUGE = "1000000000000000000000000000000"  # 1e30 keys: past every key there is
@@ -204,20 +204,12 @@ CASES = [
 ]
 
 
-def invoke(runner, args):
-    result = runner.invoke(app, list(args))
-    both = result.stdout + result.stderr
-    assert "Traceback" not in both, both
-    assert "internal error" not in both, both
-    return result
-
-
 def _fill(args, tmp_path):
     return [a.replace("{t}", str(tmp_path)) for a in args]
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
-def test_hostile_input(runner, tmp_path, c: Case):
+def test_hostile_input(tmp_path, c: Case):
     if "--plot" in c.args:
         pytest.importorskip("matplotlib")
     for name, write in c.files.items():
@@ -226,7 +218,7 @@ def test_hostile_input(runner, tmp_path, c: Case):
         write(path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
-    result = invoke(runner, _fill(c.args, tmp_path))
+    result = osm(*_fill(c.args, tmp_path))
 
     assert result.exit_code == c.code, (result.exit_code, result.stdout, result.stderr)
     if c.code == 1:
@@ -253,7 +245,7 @@ def test_hostile_input(runner, tmp_path, c: Case):
         assert set(after) == set(before), sorted(map(str, set(after) - set(before)))
 
     if c.same_as is not None:
-        other = invoke(runner, _fill(c.same_as, tmp_path))
+        other = osm(*_fill(c.same_as, tmp_path))
         assert other.exit_code == 0, other.stderr
         mine, theirs = json.loads(result.stdout), json.loads(other.stdout)
         for key in c.ignore:
@@ -261,11 +253,11 @@ def test_hostile_input(runner, tmp_path, c: Case):
         assert mine == theirs
 
 
-def test_window_past_every_key_writes_the_same_arrays(runner, tmp_path):
+def test_window_past_every_key_writes_the_same_arrays(tmp_path):
     for name, window in [("a", []), ("b", ["--window", f"{HUGE},{HUGE}"])]:
-        result = invoke(runner, ["attention", "samples/qkv.npz", "--no-reference", *window,
-                                 "--out", str(tmp_path / f"{name}.npy"),
-                                 "--lse", str(tmp_path / f"l{name}.npy")])
+        result = osm("attention", "samples/qkv.npz", "--no-reference", *window,
+                     "--out", str(tmp_path / f"{name}.npy"),
+                     "--lse", str(tmp_path / f"l{name}.npy"))
         assert result.exit_code == 0, result.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
     np.testing.assert_array_equal(np.load(tmp_path / "la.npy"), np.load(tmp_path / "lb.npy"))
@@ -284,14 +276,14 @@ def umask():
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])
-def test_output_modes(runner, tmp_path, umask, mask):
+def test_output_modes(tmp_path, umask, mask):
     umask(mask)
     new, existing = tmp_path / "new.npy", tmp_path / "existing.npy"
     existing.write_bytes(b"old")
     existing.chmod(0o640)
     for path in (new, existing):
-        result = invoke(runner, ["attention", "samples/qkv.npz", "--no-reference", "--out",
-                                 str(path)])
+        result = osm("attention", "samples/qkv.npz", "--no-reference", "--out",
+                     str(path))
         assert result.exit_code == 0, result.stderr
     assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~mask
     assert stat.S_IMODE(existing.stat().st_mode) == 0o640
@@ -302,25 +294,25 @@ def _temps(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if TEMP_TAG in p.name)
 
 
-def test_no_temporary_left_after_success(runner, tmp_path):
+def test_no_temporary_left_after_success(tmp_path):
     (tmp_path / "o.npy").write_bytes(b"old")  # one replaced, one new
-    result = invoke(runner, ["attention", "samples/qkv.npz", "--out", str(tmp_path / "o.npy"),
-                             "--lse", str(tmp_path / "l.npy"), "--csv", str(tmp_path / "s.csv")])
+    result = osm("attention", "samples/qkv.npz", "--out", str(tmp_path / "o.npy"),
+                 "--lse", str(tmp_path / "l.npy"), "--csv", str(tmp_path / "s.csv"))
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l.npy", "o.npy", "s.csv"]
     assert _temps(tmp_path) == []
 
 
-def test_no_temporary_left_after_refused_write(runner, tmp_path):
+def test_no_temporary_left_after_refused_write(tmp_path):
     (tmp_path / "o.npy").write_bytes(b"old")
-    result = invoke(runner, ["attention", "samples/qkv.npz", "--out", str(tmp_path / "o.npy"),
-                             "--lse", str(tmp_path / "missing_dir" / "l.npy")])
+    result = osm("attention", "samples/qkv.npz", "--out", str(tmp_path / "o.npy"),
+                 "--lse", str(tmp_path / "missing_dir" / "l.npy"))
     assert result.exit_code == 1
     assert (tmp_path / "o.npy").read_bytes() == b"old"
     assert _temps(tmp_path) == []
 
 
-def test_no_temporary_left_after_failed_rename(runner, tmp_path, monkeypatch):
+def test_no_temporary_left_after_failed_rename(tmp_path, monkeypatch):
     """The second file's rename fails (an I/O error): the first is put back, temporaries go."""
     real = os.replace
     renames = []
@@ -336,8 +328,8 @@ def test_no_temporary_left_after_failed_rename(runner, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", flaky)
     (tmp_path / "o.npy").write_bytes(b"old o")
     (tmp_path / "l.npy").write_bytes(b"old l")
-    result = invoke(runner, ["attention", "samples/qkv.npz", "--out", str(tmp_path / "o.npy"),
-                             "--lse", str(tmp_path / "l.npy")])
+    result = osm("attention", "samples/qkv.npz", "--out", str(tmp_path / "o.npy"),
+                 "--lse", str(tmp_path / "l.npy"))
     assert len(renames) == 2
     assert result.exit_code == 1
     assert result.stdout == ""

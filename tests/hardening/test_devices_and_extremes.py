@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, no_leftovers, one_error, osm_process, snapshot
-from osm_cli.cli import app
+from conftest import ROOT, no_leftovers, one_error, osm, osm_process, qkv, rand, snapshot
 
 HUGE = "1000000000000000000000000000000"  # 1e30: no C long holds it
 QKV = ("samples/q.npy", "samples/k.npy", "samples/v.npy")
@@ -40,8 +39,8 @@ def stdout_link_intact() -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("flag", ["--out", "--lse"])
-def test_attention_output_to_a_device_stays_a_device(runner, device, flag):
-    r = runner.invoke(app, ["attention", *QKV, flag, device, "--no-reference"])
+def test_attention_output_to_a_device_stays_a_device(device, flag):
+    r = osm("attention", *QKV, flag, device, "--no-reference")
     assert is_device(device)
     if device == "/dev/full":
         assert r.exit_code == 1
@@ -50,8 +49,8 @@ def test_attention_output_to_a_device_stays_a_device(runner, device, flag):
         assert r.exit_code == 0, r.stderr
 
 
-def test_a_plot_and_a_screen_export_to_dev_null(runner):
-    r = runner.invoke(app, ["trace", "samples/scores.txt", "--svg", "/dev/null"])
+def test_a_plot_and_a_screen_export_to_dev_null():
+    r = osm("trace", "samples/scores.txt", "--svg", "/dev/null")
     assert r.exit_code == 0, r.stderr
     assert is_device("/dev/null")
 
@@ -80,20 +79,20 @@ def test_csv_to_dev_stdout_redirected_to_a_file_appends_to_that_file(tmp_path):
     assert "form,step,block" in text and "final: m = " in text
 
 
-def test_dev_full_on_a_plot_output(runner):
-    r = runner.invoke(app, ["trace", "samples/scores.txt", "--csv", "/dev/full"])
+def test_dev_full_on_a_plot_output():
+    r = osm("trace", "samples/scores.txt", "--csv", "/dev/full")
     assert r.exit_code == 1
     assert one_error(r.stderr) == "/dev/full: cannot write (No space left on device)"
     assert is_device("/dev/full") and r.stdout == ""
 
 
-def test_a_fifo_is_written_in_place(runner, tmp_path):
+def test_a_fifo_is_written_in_place(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
     reader.start()
-    r = runner.invoke(app, ["trace", "samples/scores.txt", "--csv", str(fifo)])
+    r = osm("trace", "samples/scores.txt", "--csv", str(fifo))
     reader.join(timeout=30)
     assert r.exit_code == 0, r.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
@@ -101,32 +100,32 @@ def test_a_fifo_is_written_in_place(runner, tmp_path):
     assert no_leftovers(tmp_path) == []
 
 
-def test_a_link_to_a_device_writes_the_device(runner, tmp_path):
+def test_a_link_to_a_device_writes_the_device(tmp_path):
     link = tmp_path / "sink.npy"
     link.symlink_to("/dev/null")
-    r = runner.invoke(app, ["attention", *QKV, "--out", str(link), "--no-reference"])
+    r = osm("attention", *QKV, "--out", str(link), "--no-reference")
     assert r.exit_code == 0, r.stderr
     assert os.readlink(link) == "/dev/null" and is_device("/dev/null")
 
 
-def test_a_link_to_a_regular_file_is_replaced_and_its_target_kept(runner, tmp_path):
+def test_a_link_to_a_regular_file_is_replaced_and_its_target_kept(tmp_path):
     """Today's behaviour for a link to a regular file: the link becomes the new file."""
     target = tmp_path / "target.npy"
     target.write_bytes(b"old")
     link = tmp_path / "o.npy"
     link.symlink_to(target)
-    r = runner.invoke(app, ["attention", *QKV, "--out", str(link), "--no-reference"])
+    r = osm("attention", *QKV, "--out", str(link), "--no-reference")
     assert r.exit_code == 0, r.stderr
     assert not link.is_symlink() and np.load(link).shape == (2, 8, 4)
     assert target.read_bytes() == b"old"
 
 
-def test_a_failed_write_to_a_device_leaves_the_regular_files_untouched(runner, tmp_path):
+def test_a_failed_write_to_a_device_leaves_the_regular_files_untouched(tmp_path):
     """--out to a file, --lse to /dev/full: the device fails first, the file is not written."""
     out = tmp_path / "o.npy"
     out.write_bytes(b"old")
-    r = runner.invoke(app, ["attention", *QKV, "--out", str(out), "--lse", "/dev/full",
-                            "--no-reference"])
+    r = osm("attention", *QKV, "--out", str(out), "--lse", "/dev/full",
+            "--no-reference")
     assert r.exit_code == 1
     one_error(r.stderr)
     assert out.read_bytes() == b"old" and no_leftovers(tmp_path) == []
@@ -208,44 +207,43 @@ def test_ascii_spelling_of_the_kth_step():
 
 
 @pytest.mark.parametrize("columns", ["0", "1", "-3", "19", "1000001", HUGE])
-def test_columns_that_is_no_width_is_unset(runner, columns, tmp_path):
-    r = runner.invoke(app, ["trace", "samples/missing.txt"], env={"COLUMNS": columns})
+def test_columns_that_is_no_width_is_unset(columns, tmp_path):
+    r = osm("trace", "samples/missing.txt", env={"COLUMNS": columns})
     assert r.exit_code == 1
     assert one_error(r.stderr) == "samples/missing.txt: no such file"
     csv = tmp_path / "t.csv"
-    r = runner.invoke(app, ["trace", "samples/scores.txt", "--csv", str(csv)],
-                      env={"COLUMNS": columns})
+    r = osm("trace", "samples/scores.txt", "--csv", str(csv), env={"COLUMNS": columns})
     assert r.exit_code == 0
     assert f"wrote {csv} (step table, CSV)" in r.stderr
-    r = runner.invoke(app, ["overflow-demo"], env={"COLUMNS": columns})
-    assert r.stdout == runner.invoke(app, ["overflow-demo"]).stdout  # as piped: 100 columns
+    r = osm("overflow-demo", env={"COLUMNS": columns})
+    assert r.stdout == osm("overflow-demo").stdout  # as piped: 100 columns
 
 
 # ---------------------------------------------------------------------------------------------
 # 10. the first round's inputs, again
 
 
-def test_a_block_longer_than_any_input_is_one_block(runner):
-    r = runner.invoke(app, ["trace", "--values", "1,2,3", "-b", HUGE])
+def test_a_block_longer_than_any_input_is_one_block():
+    r = osm("trace", "--values", "1,2,3", "-b", HUGE)
     assert r.exit_code == 0, r.stderr
     assert r.stdout.startswith("--values: 3 scores in 1 block of 3\n")
 
 
-def test_sweep_of_a_block_longer_than_any_input(runner):
-    r = runner.invoke(app, ["sweep", "--values", "1,2,3", "--blocks", f"2,{HUGE}", "--json"])
+def test_sweep_of_a_block_longer_than_any_input():
+    r = osm("sweep", "--values", "1,2,3", "--blocks", f"2,{HUGE}", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [row["block"] for row in doc["blocks"]] == [2, 3]
 
 
 @pytest.mark.parametrize("lse", [-np.inf, np.inf])
-def test_merge_of_empty_partials_writes_no_nan(runner, tmp_path, lse, strict_json):
+def test_merge_of_empty_partials_writes_no_nan(tmp_path, lse, strict_json):
     files = []
     for n in range(2):
         np.save(tmp_path / f"o{n}.npy", np.ones((3, 4)))
         np.save(tmp_path / f"l{n}.npy", np.full(3, lse))
         files += [str(tmp_path / f"o{n}.npy"), str(tmp_path / f"l{n}.npy")]
-    r = runner.invoke(app, ["merge", *files, "--json"])
+    r = osm("merge", *files, "--json")
     assert r.exit_code == 0, r.stderr
     assert "nan" not in r.stdout.lower()
     doc = strict_json(r.stdout)
@@ -272,17 +270,17 @@ def overflowing_fp16(folder: Path, seed: int = 0) -> list[str]:
 
 
 @pytest.mark.parametrize("fill", [0.0, 7.0])
-def test_check_fails_garbage_where_plain_attention_overflows(runner, tmp_path, fill, strict_json):
+def test_check_fails_garbage_where_plain_attention_overflows(tmp_path, fill, strict_json):
     qkv = overflowing_fp16(tmp_path)
     np.save(tmp_path / "o.npy", np.full((1, 2, 8, 4), fill, dtype=np.float16))
-    r = runner.invoke(app, ["check", str(tmp_path / "o.npy"), *qkv])
+    r = osm("check", str(tmp_path / "o.npy"), *qkv)
     assert r.exit_code == 1
     fail = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(fail) == 1 and fail[0].startswith("FAIL: max|out − ref| = ")
     assert "(model)" in fail[0]
     assert "plain same-dtype attention overflowed (max|pt − ref| = nan), so it is" in (
         " ".join(r.stdout.split()))
-    r = runner.invoke(app, ["check", str(tmp_path / "o.npy"), *qkv, "--json"])
+    r = osm("check", str(tmp_path / "o.npy"), *qkv, "--json")
     rule = strict_json(r.stdout)["verdict"]["out"]
     assert rule["passed"] is False and rule["baseline_from"] == "model"
     # one key dominates every row: O is that key's V exactly, and PyTorch's FA2 (its exp2 of a
@@ -290,14 +288,14 @@ def test_check_fails_garbage_where_plain_attention_overflows(runner, tmp_path, f
     assert 0 <= rule["bound"] < 0.01 and rule["max_err"] > 0.5
 
 
-def test_check_passes_a_faithful_kernel_where_plain_attention_overflows(runner, tmp_path,
+def test_check_passes_a_faithful_kernel_where_plain_attention_overflows(tmp_path,
                                                                          strict_json):
     qkv = overflowing_fp16(tmp_path, seed=1)
     o, lse = tmp_path / "o.npy", tmp_path / "lse.npy"
-    r = runner.invoke(app, ["attention", *qkv, "--dtype", "fp16", "--out", str(o), "--lse",
-                            str(lse), "--no-reference"])
+    r = osm("attention", *qkv, "--dtype", "fp16", "--out", str(o), "--lse",
+            str(lse), "--no-reference")
     assert r.exit_code == 0, r.stderr
-    r = runner.invoke(app, ["check", str(o), *qkv, "--lse", str(lse), "--json"])
+    r = osm("check", str(o), *qkv, "--lse", str(lse), "--json")
     assert r.exit_code == 0, r.stdout + r.stderr
     doc = strict_json(r.stdout)
     for rule in (doc["verdict"]["out"], doc["verdict"]["lse"]):
@@ -314,15 +312,14 @@ def test_a_baseline_that_overflowed_without_a_model_is_the_rounding():
     assert _rule(0.1, 0.01, float("inf")).bound == 0.02  # a rounding term past the range: 0
 
 
-def test_check_of_garbage_gradients_where_plain_backward_overflows(runner, tmp_path):
+def test_check_of_garbage_gradients_where_plain_backward_overflows(tmp_path):
     qkv = overflowing_fp16(tmp_path)
-    rng = np.random.default_rng(3)
-    np.save(tmp_path / "do.npy", rng.standard_normal((1, 2, 8, 4)).astype(np.float16))
+    np.save(tmp_path / "do.npy", rand(1, 2, 8, 4, seed=3, dtype=np.float16))
     np.save(tmp_path / "dq.npy", np.full((1, 2, 8, 4), 7.0, dtype=np.float16))
     o = tmp_path / "o.npy"
-    runner.invoke(app, ["attention", *qkv, "--dtype", "fp16", "--out", str(o), "--no-reference"])
-    r = runner.invoke(app, ["check", str(o), *qkv, "--do", str(tmp_path / "do.npy"), "--dq",
-                            str(tmp_path / "dq.npy"), "--json"])
+    osm("attention", *qkv, "--dtype", "fp16", "--out", str(o), "--no-reference")
+    r = osm("check", str(o), *qkv, "--do", str(tmp_path / "do.npy"), "--dq",
+            str(tmp_path / "dq.npy"), "--json")
     assert r.exit_code == 1
     grad = json.loads(r.stdout)["gradients"][0]
     assert grad["passed"] is False and np.isfinite(grad["bound"])
@@ -364,13 +361,13 @@ def kernel_input_cases(folder: Path) -> dict[str, tuple[list, str]]:
 
 @pytest.mark.parametrize("case", ["sinks", "alibi", "softcap", "softcap-tiny", "scale",
                                   "descale-tiny", "descale-huge", "lse"])
-def test_inputs_that_overflow_inside_are_refused(runner, tmp_path, case):
+def test_inputs_that_overflow_inside_are_refused(tmp_path, case):
     args, words = kernel_input_cases(tmp_path)[case]
     out = tmp_path / "out.npy"
     out.write_bytes(b"old")
     before = snapshot(tmp_path)
     flag = "--out" if args[0] == "attention" else "--dq"
-    r = runner.invoke(app, [*map(str, args), flag, str(out)])
+    r = osm(*map(str, args), flag, str(out))
     assert r.exit_code == 1, r.stdout
     assert words in one_error(r.stderr)
     assert snapshot(tmp_path) == before
@@ -409,11 +406,11 @@ NO_ROWS = "Q has no query rows to trace: (B, H, t) = {}; give at least one (or t
     ((1, 2, 0, 4), NO_ROWS.format((1, 2, 0))),
 ])
 @pytest.mark.parametrize("command", ["attention", "backward", "sweep", "check"])
-def test_zero_size_dimensions(runner, tmp_path, shape, words, command):
+def test_zero_size_dimensions(tmp_path, shape, words, command):
     x = zero_file(tmp_path, "x.npy", shape)
     args = {"attention": [x, x, x], "sweep": [x, x, x], "backward": [x, x, x, x],
             "check": [x, x, x, x]}[command]
-    r = runner.invoke(app, [command, *args])
+    r = osm(command, *args)
     if command == "sweep" and 0 in shape[:3:2]:  # no rows: the sweep is computed, empty
         assert r.exit_code == 0, r.stderr
         return
@@ -423,33 +420,33 @@ def test_zero_size_dimensions(runner, tmp_path, shape, words, command):
     assert one_error(r.stderr) == words
 
 
-def test_no_keys_is_every_row_masked(runner, tmp_path, strict_json):
+def test_no_keys_is_every_row_masked(tmp_path, strict_json):
     q = tmp_path / "q.npy"
     np.save(q, np.ones((1, 1, 3, 4)))
     k = zero_file(tmp_path, "k.npy", (1, 1, 0, 4))
     out, lse = tmp_path / "o.npy", tmp_path / "lse.npy"
-    r = runner.invoke(app, ["attention", str(q), k, k, "--out", str(out), "--lse", str(lse)])
+    r = osm("attention", str(q), k, k, "--out", str(out), "--lse", str(lse))
     assert r.exit_code == 0, r.stderr
     assert np.array_equal(np.load(out), np.zeros((1, 1, 3, 4)))
     assert np.isneginf(np.load(lse)).all()
 
 
-def test_a_paged_cache_of_empty_pages(runner, tmp_path):
+def test_a_paged_cache_of_empty_pages(tmp_path):
     k = zero_file(tmp_path, "k.npy", (5, 0, 1, 4))
-    r = runner.invoke(app, ["attention", "samples/paged/q.npy", k, k, "--layout", "bnhd",
-                            "--page-table", "samples/paged/page_table.npy", "--seqused-k",
-                            "samples/paged/seqused_k.npy"])
+    r = osm("attention", "samples/paged/q.npy", k, k, "--layout", "bnhd",
+            "--page-table", "samples/paged/page_table.npy", "--seqused-k",
+            "samples/paged/seqused_k.npy")
     assert r.exit_code == 1
     assert one_error(r.stderr) == ("the paged K/V cache has 5 pages of 0 keys; a cache needs at "
                                    "least one page of at least one key")
 
 
-def test_zero_heads_from_a_safetensors_bundle(runner, tmp_path):
+def test_zero_heads_from_a_safetensors_bundle(tmp_path):
     from safetensors.numpy import save_file
 
     x = np.zeros((1, 0, 4, 4), dtype=np.float32)
     save_file({"out": x, "q": x, "k": x, "v": x}, str(tmp_path / "b.safetensors"))
-    r = runner.invoke(app, ["check", str(tmp_path / "b.safetensors")])
+    r = osm("check", str(tmp_path / "b.safetensors"))
     assert r.exit_code == 1
     assert one_error(r.stderr) == "Q has 0 heads and K/V 0; attention needs at least one head"
 
@@ -486,11 +483,11 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_malformed_safetensors(runner, tmp_path, case):
+def test_malformed_safetensors(tmp_path, case):
     header, data = MALFORMED[case]
     path = tmp_path / "x.safetensors"
     path.write_bytes(safetensors_bytes(header, data))
-    r = runner.invoke(app, ["trace", str(path)])
+    r = osm("trace", str(path))
     assert r.exit_code == 1
     assert one_error(r.stderr).startswith(f"{path}: not a valid .safetensors file (")
 
@@ -508,19 +505,19 @@ def test_a_0d_float8_tensor_stays_0d(tmp_path):
 # 6. big-endian inputs: native order, precision kept
 
 
-def test_big_endian_float64_is_computed_in_float64(runner, tmp_path, strict_json):
-    rng = np.random.default_rng(4)
+def test_big_endian_float64_is_computed_in_float64(tmp_path, strict_json):
     files = []
-    for name in "qkv":
-        np.save(tmp_path / f"{name}.npy", rng.standard_normal((1, 2, 6, 4)).astype(">f8"))
+    for name, x in zip("qkv", qkv(6, 6, 4, heads=(2, 2), b=1, dtype=">f8", seed=4, stream=True),
+                       strict=True):
+        np.save(tmp_path / f"{name}.npy", x)
         files.append(str(tmp_path / f"{name}.npy"))
     out = tmp_path / "o.npy"
-    r = runner.invoke(app, ["attention", *files, "--json", "--out", str(out)])
+    r = osm("attention", *files, "--json", "--out", str(out))
     assert r.exit_code == 0, r.stderr
     assert strict_json(r.stdout)["max_abs_err"] < 1e-15
     assert np.load(out).dtype == np.float64
     np.save(tmp_path / "obe.npy", np.load(out).astype(">f8"))
-    r = runner.invoke(app, ["check", str(tmp_path / "obe.npy"), *files])
+    r = osm("check", str(tmp_path / "obe.npy"), *files)
     assert r.exit_code == 0, r.stdout + r.stderr
 
 

@@ -18,32 +18,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from typer.testing import CliRunner
 
 import osm_cli
-from conftest import one_error, snapshot
-from osm_cli.cli import app
+from conftest import one_error, osm, snapshot
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-RUNNER = CliRunner()
+NO_COLUMNS = {"COLUMNS": None}  # piped: 100 columns, whatever the shell's COLUMNS
 ANY_FINITE = st.floats(allow_nan=False, allow_infinity=False)  # 1e-300 … 1e308, both signs
 OLD = b"old bytes"
 
 
-def invoke(args) -> tuple[int, str, str]:
-    r = RUNNER.invoke(app, [str(a) for a in args], env={"COLUMNS": None})
-    return r.exit_code, r.stdout, r.stderr
-
-
-def clean(code: int, stdout: str, stderr: str) -> bool:
+def clean(result) -> bool:
     """True on success; on failure, asserts one Error line (no traceback, no internal error, no
-    warning), exit 1."""
-    assert "Traceback" not in stdout + stderr and "Warning" not in stderr
-    if code == 0:
-        assert "internal error" not in stderr
+    warning), exit 1. result: conftest's osm (which refuses a traceback or an internal error)."""
+    assert "Warning" not in result.stderr
+    if result.exit_code == 0:
         return True
-    assert code == 1, (code, stderr)
-    one_error(stderr)
+    assert result.exit_code == 1, (result.exit_code, result.stderr)
+    one_error(result.stderr)
     return False
 
 
@@ -96,7 +88,7 @@ def test_attention_of_hostile_inputs(tmp_path_factory, problem):
     out, lse = folder / "o.npy", folder / "lse.npy"
     out.write_bytes(OLD)
     before = snapshot(folder)
-    ok = clean(*invoke(["attention", *files, *extra, "--out", out, "--lse", lse]))
+    ok = clean(osm("attention", *files, *extra, "--out", out, "--lse", lse, env=NO_COLUMNS))
     if ok:
         finite_or_masked(out)
         assert not np.isnan(np.load(lse)).any()
@@ -113,9 +105,9 @@ def test_trace_of_hostile_scores(scores, block, option, value):
     args = ["trace", "--values", values, "-b", block, "--json", *option,
             *([repr(abs(value) or 1.0) if option == ["--softcap"] else repr(value)]
               if option else [])]
-    code, stdout, stderr = invoke(args)
-    if clean(code, stdout, stderr):
-        doc = json.loads(stdout)
+    result = osm(*args, env=NO_COLUMNS)
+    if clean(result):
+        doc = json.loads(result.stdout)
         doc.pop("naive", None)  # the textbook formula's NaN once exp overflows: shown on purpose
         assert "nan" not in json.dumps(doc)  # nothing else NaN from finite scores
 
@@ -148,8 +140,7 @@ def test_safetensors_of_any_header(tmp_path_factory, blob):
     path = tmp_path_factory.mktemp("st") / "x.safetensors"
     path.write_bytes(blob)
     for command in (["trace", path], ["attention", path]):
-        code, stdout, stderr = invoke(command)
-        clean(code, stdout, stderr)
+        clean(osm(*command, env=NO_COLUMNS))
 
 
 TARGETS = ["/dev/null", "/dev/full", "link-to-null", "folder", "missing/o.npy", "regular"]
@@ -174,7 +165,7 @@ def test_outputs_aimed_anywhere(tmp_path_factory, target, flag, also):
         args += ["--lse" if flag == "--out" else "--out",
                  where("other" if also == "regular" else also)]
     before = snapshot(folder)
-    ok = clean(*invoke(args))
+    ok = clean(osm(*args, env=NO_COLUMNS))
     for dev in ("/dev/null", "/dev/full"):
         assert stat.S_ISCHR(os.stat(dev).st_mode)
     assert os.readlink(folder / "link-to-null") == "/dev/null"
@@ -261,7 +252,7 @@ def test_check_cli_never_passes_garbage(tmp_path, seed):
     for name, x in (("q", 300 + rng.standard_normal(shape)), ("k", 300 + rng.standard_normal(
             shape)), ("v", rng.standard_normal(shape)), ("o", np.full(shape, rng.normal()))):
         np.save(tmp_path / f"{name}.npy", x.astype(np.float16))
-    code, stdout, _ = invoke(["check", *(tmp_path / f"{n}.npy" for n in "oqkv"), "--json"])
-    doc = json.loads(stdout)
-    assert code == 1 and doc["verdict"]["passed"] is False
+    result = osm("check", *(tmp_path / f"{n}.npy" for n in "oqkv"), "--json", env=NO_COLUMNS)
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and doc["verdict"]["passed"] is False
     assert math.isfinite(doc["verdict"]["out"]["bound"])
