@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from osm_cli.cli import app
+from conftest import osm
 from osm_cli.present import console as consoles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +40,8 @@ def _ids(cmd):
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=_ids)
-def test_piped_output_has_no_trailing_whitespace(runner, cmd):
-    result = runner.invoke(app, cmd)
+def test_piped_output_has_no_trailing_whitespace(cmd):
+    result = osm(*cmd)
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) > 3
@@ -49,16 +49,16 @@ def test_piped_output_has_no_trailing_whitespace(runner, cmd):
 
 
 @pytest.mark.parametrize("columns", [60, 80, 100, 132])
-def test_piped_width_comes_from_columns(runner, columns):
+def test_piped_width_comes_from_columns(columns):
     """The overflow demo's last table stretches its 'why' column to the width it is given (its
     last few columns are the padding that is trimmed)."""
-    result = runner.invoke(app, ["overflow-demo"], env={"COLUMNS": str(columns)})
+    result = osm("overflow-demo", width=columns)
     assert result.exit_code == 0
     assert columns - 3 <= max(cell_len(line) for line in result.stdout.splitlines()) <= columns
 
 
-def test_piped_width_without_columns_is_100(runner):
-    result = runner.invoke(app, ["overflow-demo"])
+def test_piped_width_without_columns_is_100():
+    result = osm("overflow-demo")
     widest = max(cell_len(line) for line in result.stdout.splitlines())
     assert consoles.PIPED_WIDTH - 3 <= widest <= consoles.PIPED_WIDTH
 

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import qkv
 from osm_cli.flash.options import ScoreOptions, Tiling
 from osm_cli.precision.model import prepare
 from osm_cli.present.json import attention_doc, dumps, merge_doc, trace_doc
@@ -48,8 +49,7 @@ def test_trace_doc_option_keys():
 
 
 def test_attention_doc_keys():
-    rng = np.random.default_rng(3)
-    q, k, v = (rng.normal(size=(5, 4)) for _ in range(3))
+    q, k, v = qkv(5, 5, 4, seed=3, stream=True)
     mask = dict(causal=False, scale=None, layout="bhnd", causal_align="bottom-right",
                 window=None, mask=None)
     m, (q, k, v), notes = prepare("bf16", None, None, q, k, v)

@@ -13,7 +13,7 @@ import re
 import typer
 from typer.testing import CliRunner
 
-from osm_cli.cli import app
+from conftest import osm
 from osm_cli.cli.common import exports, guarded, out
 from osm_cli.io.save import TEMP_TAG
 
@@ -27,11 +27,11 @@ def _svg_text(svg: str) -> str:
     return " ".join(r.replace("&#160;", " ") for r in runs)
 
 
-def test_trace_exports_what_it_prints(runner, tmp_path):
+def test_trace_exports_what_it_prints(tmp_path):
     svg, html = tmp_path / "t.svg", tmp_path / "t.html"
-    plain = runner.invoke(app, ["trace", "samples/scores.txt", "-b", "2"])
-    r = runner.invoke(app, ["trace", "samples/scores.txt", "-b", "2", "--svg", str(svg),
-                            "--html", str(html)])
+    plain = osm("trace", "samples/scores.txt", "-b", "2")
+    r = osm("trace", "samples/scores.txt", "-b", "2", "--svg", str(svg),
+            "--html", str(html))
     assert r.exit_code == 0, r.output
     assert r.stdout == plain.stdout  # the screen is unchanged, shown once the files are written
     assert r.stderr == f"wrote {html} (interactive page, HTML)\nwrote {svg} (the screen, SVG)\n"
@@ -43,11 +43,11 @@ def test_trace_exports_what_it_prints(runner, tmp_path):
     assert "1.1353353 → 1.5530018" in screen and "online vs one-shot stabilized" in screen
 
 
-def test_attention_exports_with_its_other_files(runner, tmp_path):
+def test_attention_exports_with_its_other_files(tmp_path):
     paths = {n: tmp_path / n for n in ("o.npy", "tiles.csv", "a.svg", "a.html")}
-    r = runner.invoke(app, [*ATTENTION, "--out", str(paths["o.npy"]), "--csv",
-                            str(paths["tiles.csv"]), "--svg", str(paths["a.svg"]), "--html",
-                            str(paths["a.html"])])
+    r = osm(*ATTENTION, "--out", str(paths["o.npy"]), "--csv",
+            str(paths["tiles.csv"]), "--svg", str(paths["a.svg"]), "--html",
+            str(paths["a.html"]))
     assert r.exit_code == 0, r.output
     assert all(p.exists() for p in paths.values())
     assert "‖O‖" in paths["a.html"].read_text(encoding="utf-8")
@@ -55,27 +55,27 @@ def test_attention_exports_with_its_other_files(runner, tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(paths)  # no temporaries
 
 
-def test_backward_exports_with_its_gradients(runner, tmp_path):
+def test_backward_exports_with_its_gradients(tmp_path):
     """osm backward took the export with its one line: the traces and the dQ it writes."""
-    r = runner.invoke(app, ["backward", "samples/q.npy", "samples/k.npy", "samples/v.npy",
-                            "samples/do.npy", "--causal", "--dq", str(tmp_path / "dq.npy"),
-                            "--svg", str(tmp_path / "b.svg")])
+    r = osm("backward", "samples/q.npy", "samples/k.npy", "samples/v.npy",
+            "samples/do.npy", "--causal", "--dq", str(tmp_path / "dq.npy"),
+            "--svg", str(tmp_path / "b.svg"))
     assert r.exit_code == 0, r.output
     assert sorted(os.listdir(tmp_path)) == ["b.svg", "dq.npy"]
     assert "dQ_i over the K/V tiles" in _svg_text((tmp_path / "b.svg").read_text())
 
 
-def test_export_refuses_json_and_step(runner, tmp_path):
+def test_export_refuses_json_and_step(tmp_path):
     for flag in ("--json", "--step"):
-        r = runner.invoke(app, ["trace", "samples/scores.txt", flag, "--svg",
-                                str(tmp_path / "t.svg")])
+        r = osm("trace", "samples/scores.txt", flag, "--svg",
+                str(tmp_path / "t.svg"))
         assert r.exit_code == 1 and r.stdout == ""
         assert r.stderr == (f"Error: --svg and --html export the printed screen; {flag} does "
                             "not combine with them\n")
     assert os.listdir(tmp_path) == []
 
 
-def test_export_is_all_or_none_with_the_other_files(runner, tmp_path, monkeypatch):
+def test_export_is_all_or_none_with_the_other_files(tmp_path, monkeypatch):
     """The SVG's rename fails: the CSV written before it is taken back, nothing is shown."""
     real = os.replace
 
@@ -85,15 +85,15 @@ def test_export_is_all_or_none_with_the_other_files(runner, tmp_path, monkeypatc
         return real(src, dst, *args, **kw)
 
     monkeypatch.setattr(os, "replace", flaky)
-    r = runner.invoke(app, [*ATTENTION, "--csv", str(tmp_path / "t.csv"), "--svg",
-                            str(tmp_path / "t.svg")])
+    r = osm(*ATTENTION, "--csv", str(tmp_path / "t.csv"), "--svg",
+            str(tmp_path / "t.svg"))
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.startswith("Error: ") and "cannot be replaced" in r.stderr
     assert os.listdir(tmp_path) == []
 
 
-def test_export_checks_its_destinations_first(runner, tmp_path):
-    r = runner.invoke(app, [*ATTENTION, "--svg", str(tmp_path / "no" / "a.svg")])
+def test_export_checks_its_destinations_first(tmp_path):
+    r = osm(*ATTENTION, "--svg", str(tmp_path / "no" / "a.svg"))
     assert r.exit_code == 1 and r.stdout == ""
     where = tmp_path / "no"
     assert r.stderr == f"Error: {where / 'a.svg'}: folder {where} does not exist\n"

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osm_cli.cli import app
+from conftest import osm
 from osm_cli.io.behind import Behind
 from osm_cli.present import bulk
 from osm_cli.present import csv as export
@@ -126,14 +126,14 @@ def test_step_rows_are_step_docs():
         assert _exact(text) == _exact(dumps(want, indent=None))
 
 
-def test_cli_streams_a_long_trace(runner, tmp_path, long_path, strict_json):
+def test_cli_streams_a_long_trace(tmp_path, long_path, strict_json):
     """osm trace --json on the long path: one line of strict JSON with every step, and the
     CSV beside it, from the CLI."""
     s = np.random.default_rng(1).standard_normal(5001)
     path = tmp_path / "s.npy"
     np.save(path, s)
-    r = runner.invoke(app, ["trace", str(path), "-b", "2", "--json", "--csv",
-                            str(tmp_path / "t.csv")])
+    r = osm("trace", str(path), "-b", "2", "--json", "--csv",
+            str(tmp_path / "t.csv"))
     assert r.exit_code == 0, r.stderr
     doc = strict_json(r.stdout)
     assert r.stdout.count("\n") == 1

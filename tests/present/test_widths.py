@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from rich.cells import cell_len
 
-from osm_cli.cli import app
+from conftest import osm, rand
 from osm_cli.studies.overflow import DEMO_DTYPES, overflow_demo
 
 WIDTHS = (80, 100)
@@ -46,18 +46,6 @@ def inputs(tmp_path_factory):
     np.save(d / "lse.npy", z["lse"])
     np.savez(d / "qkv.npz", q=z["q"], k=z["k"], v=z["v"])
     return d
-
-
-def screen(runner, width: int, *args) -> str:
-    r = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": str(width)})
-    assert r.exit_code == 0, r.output
-    return r.stdout
-
-
-def doc(runner, *args) -> dict:
-    r = runner.invoke(app, [str(a) for a in args] + ["--json"])
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout)
 
 
 def fits(text: str, width: int) -> None:
@@ -115,11 +103,11 @@ TRACES = [
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", TRACES, ids=lambda a: " ".join(a))
-def test_trace_tables_keep_their_numbers(runner, inputs, width, args):
+def test_trace_tables_keep_their_numbers(inputs, width, args):
     args = [a.format(d=inputs) for a in args]
-    text = screen(runner, width, "trace", *args)
+    text = osm("trace", *args, width=width, code=0).stdout
     fits(text, width)
-    d = doc(runner, "trace", *args)
+    d = json.loads(osm("trace", *args, "--json", code=0).stdout)
     row = d["row"]
     for key in ("steps", "merge_steps"):
         for s in _visible(d.get(key, [])):
@@ -146,12 +134,12 @@ ATTENTIONS = [
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", ATTENTIONS, ids=lambda a: " ".join(a))
-def test_attention_tables_keep_their_numbers(runner, inputs, width, args):
+def test_attention_tables_keep_their_numbers(inputs, width, args):
     """The trace's m, l and ‖O‖ (cut to "1.7…" at 80 columns before 0.2) and the summary."""
     args = [a.format(d=inputs) for a in args]
-    text = screen(runner, width, "attention", *args)
+    text = osm("attention", *args, width=width, code=0).stdout
     fits(text, width)
-    d = doc(runner, "attention", *args)
+    d = json.loads(osm("attention", *args, "--json", code=0).stdout)
     steps = d["trace"]["steps"]
     for s in steps if "--all" in args else _visible(steps):
         present(text, [s["m"], s["l"], None if s["skipped"] else s["o_norm"],
@@ -170,16 +158,16 @@ BACKWARDS = [
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", BACKWARDS, ids=lambda a: " ".join(a))
-def test_backward_tables_keep_their_numbers(runner, inputs, width, args):
+def test_backward_tables_keep_their_numbers(inputs, width, args):
     """Both traces (key row J over the Q tiles, query row I over the K/V tiles)."""
     if "{d}/bwd.npz" in args and not (inputs / "bwd.npz").exists():
         z = np.load(inputs / "wide.npz")
-        do = np.random.default_rng(2).normal(0, 1, z["q"].shape).astype(np.float32)
+        do = rand(*z["q"].shape, seed=2, dtype=np.float32)
         np.savez(inputs / "bwd.npz", q=z["q"], k=z["k"], v=z["v"], do=do)
     args = [a.format(d=inputs) for a in args]
-    text = screen(runner, width, "backward", *args)
+    text = osm("backward", *args, width=width, code=0).stdout
     fits(text, width)
-    d = doc(runner, "backward", *args)
+    d = json.loads(osm("backward", *args, "--json", code=0).stdout)
     for s in d["key_trace"] if "--all" in args else _visible(d["key_trace"]):
         present(text, [s["dk_norm"], s["dv_norm"], *([] if s["masked"] else [s["p_max"]])],
                 f"Q tile {s['block']}")
@@ -195,9 +183,9 @@ OVERFLOWS = [[], ["-inf", "-1", "2", "--dtype", "fp16"],
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", OVERFLOWS, ids=lambda a: " ".join(a) or "default")
-def test_overflow_demo_keeps_its_numbers(runner, width, args):
+def test_overflow_demo_keeps_its_numbers(width, args):
     """Many values split the exp and softmax tables in several, each fitting."""
-    text = screen(runner, width, "overflow-demo", *args)
+    text = osm("overflow-demo", *args, width=width, code=0).stdout
     fits(text, width)
     xs = [float(a) for a in args if a not in ("--dtype", "fp16", "e4m3", "e5m2")] or None
     dtypes = tuple(a for i, a in enumerate(args) if i and args[i - 1] == "--dtype")
@@ -211,11 +199,11 @@ def test_overflow_demo_keeps_its_numbers(runner, width, args):
             present(text, [*r.stable, *r.online], r.dtype)
 
 
-def test_merge_keeps_its_numbers(runner):
+def test_merge_keeps_its_numbers():
     files = [f"samples/partials/{n}.npy" for n in ("o0", "lse0", "o1", "lse1")]
-    d = doc(runner, "merge", *files)
+    d = json.loads(osm("merge", *files, "--json", code=0).stdout)
     for width in WIDTHS:
-        text = screen(runner, width, "merge", *files)
+        text = osm("merge", *files, width=width, code=0).stdout
         fits(text, width)
         for s in d["splits"]:
             present(text, [s["row_lse"], s["row_weight"], s["lse_min"], s["lse_max"]],
@@ -232,29 +220,29 @@ SWEEPS = [["samples/long.npz", "--blocks", "16,32,64,128,256", "--causal"],
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", SWEEPS, ids=lambda a: " ".join(a))
-def test_sweep_keeps_its_numbers(runner, inputs, width, args):
+def test_sweep_keeps_its_numbers(inputs, width, args):
     """At 80 columns the headers take two lines, not '…' (it was "bl…  ti…")."""
     args = [a.format(d=inputs) for a in args]
-    text = screen(runner, width, "sweep", *args)
+    text = osm("sweep", *args, width=width, code=0).stdout
     fits(text, width)
-    for b in doc(runner, "sweep", *args)["blocks"]:
+    for b in json.loads(osm("sweep", *args, "--json", code=0).stdout)["blocks"]:
         present(text, [b["block"], b["tiles"], b["rescales"], b["max_abs_error"],
                        b["max_lse_error"]], f"block {b['block']}")
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_cost_fits(runner, width):
+def test_cost_fits(width):
     for args in (["-n", "1024", "-d", "64", "--heads", "16", "--batch", "64"],
                  ["-n", "1048576", "-d", "256", "--heads", "128", "--batch", "1024"]):
-        text = screen(runner, width, "cost", *args)
+        text = osm("cost", *args, width=width, code=0).stdout
         fits(text, width)
-        d = doc(runner, "cost", *args)
+        d = json.loads(osm("cost", *args, "--json", code=0).stdout)
         assert str(d["block_k"]) in text and str(d["block_q"]) in text
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("corrupt", [False, True])
-def test_check_keeps_its_numbers(runner, inputs, width, corrupt):
+def test_check_keeps_its_numbers(inputs, width, corrupt):
     out = inputs / "out.npy"
     if corrupt:
         o = np.load(out)
@@ -263,10 +251,10 @@ def test_check_keeps_its_numbers(runner, inputs, width, corrupt):
         np.save(out, o)
     args = [out, inputs / "qkv.npz", "--dtype", "bf16", "--lse", inputs / "lse.npy", "--causal",
             "--top", "8"]
-    r = runner.invoke(app, ["check", *map(str, args)], env={"COLUMNS": str(width)})
+    r = osm("check", *args, width=width)
     assert r.exit_code == int(corrupt), r.output
     fits(r.stdout, width)
-    d = json.loads(runner.invoke(app, ["check", *map(str, args), "--json"]).stdout)
+    d = json.loads(osm("check", *map(str, args), "--json").stdout)
     v = d["verdict"]
     present(r.stdout, [v["out"]["max_err"], v["out"]["bound"], v["max_err_vs_fp64"]], "verdict")
     for w in d["worst_rows"]:
