@@ -22,11 +22,11 @@ from kernels.planted import (
     planted,
 )
 
+from conftest import osm
 from osm_cli.battery import Case, replay, run
 from osm_cli.battery.cases import inputs
 from osm_cli.battery.draw import Declared, draw
 from osm_cli.battery.shrink import candidates
-from osm_cli.cli import app
 from osm_cli.errors import InputError
 from osm_cli.testing import assert_battery, battery_cases
 
@@ -211,9 +211,9 @@ def test_battery_cases_and_assert_battery():
                        arrays="numpy")
 
 
-def test_cli_passes_fails_and_writes_junit(runner, tmp_path, strict_json):
-    ok = runner.invoke(app, ["battery", f"{KERNELS}:flash_plain", "--arrays", "numpy",
-                             "--cases", "0", "--head-dims", "32"])
+def test_cli_passes_fails_and_writes_junit(tmp_path, strict_json):
+    ok = osm("battery", f"{KERNELS}:flash_plain", "--arrays", "numpy",
+             "--cases", "0", "--head-dims", "32")
     assert ok.exit_code == 0, ok.output
     lines = ok.stdout.splitlines()
     assert lines[0].startswith(f"osm battery {KERNELS}:flash_plain: ")
@@ -221,9 +221,9 @@ def test_cli_passes_fails_and_writes_junit(runner, tmp_path, strict_json):
     assert " dense " in table and "skipped" in table and "PASS" in table
     assert "verdict   PASS" in table
     junit = tmp_path / "battery.xml"
-    bad = runner.invoke(app, ["battery", f"{KERNELS}:flash_plain", "--arrays", "numpy",
-                              "--cases", "0", "--head-dims", "32", "--lse-base", "2",
-                              "--junit", str(junit), "--max-failures", "1"])
+    bad = osm("battery", f"{KERNELS}:flash_plain", "--arrays", "numpy",
+              "--cases", "0", "--head-dims", "32", "--lse-base", "2",
+              "--junit", str(junit), "--max-failures", "1")
     assert bad.exit_code == 1
     assert bad.stderr.splitlines() == [f"wrote {junit} (JUnit XML)",
                                        "FAIL: 1 of 1 cases failed (stopped at --max-failures)"]
@@ -235,14 +235,13 @@ def test_cli_passes_fails_and_writes_junit(runner, tmp_path, strict_json):
     suite = ET.parse(junit).getroot()
     assert suite.tag == "testsuite" and suite.get("failures") == "1"
     assert len(suite.findall("testcase/failure")) == 1
-    doc = strict_json(runner.invoke(app, ["battery", f"{KERNELS}:flash_plain", "--arrays",
-                                          "numpy", "--cases", "0", "--head-dims", "32",
-                                          "--lse-base", "2", "--json", "--max-failures",
-                                          "1"]).stdout)
+    doc = strict_json(osm("battery", f"{KERNELS}:flash_plain", "--arrays", "numpy", "--cases",
+                          "0", "--head-dims", "32", "--lse-base", "2", "--json",
+                          "--max-failures", "1").stdout)
     assert doc["passed"] is False and doc["failures"][0]["tensors"] == ["lse"]
     assert doc["table"]["lse"]["fa-shapes"]["state"] == "FAIL"
     replay_line = doc["failures"][0]["replay"]
-    again = runner.invoke(app, replay_line.split()[1:])
+    again = osm(*replay_line.split()[1:])
     assert again.exit_code == 1 and "max|out − ref|" in again.stdout
     assert again.stderr.startswith("FAIL: lse: max error")
 
@@ -254,8 +253,8 @@ def test_cli_passes_fails_and_writes_junit(runner, tmp_path, strict_json):
     ([f"{KERNELS}:flash", "--replay", "garbage"], "not a battery case ID"),
     (["osm:fa2", "--backend", "flash"], "--backend applies to the sdpa and flex targets only"),
 ])
-def test_cli_usage_errors_exit_2(runner, args, message):
-    res = runner.invoke(app, ["battery", *args, "--arrays", "numpy"])
+def test_cli_usage_errors_exit_2(args, message):
+    res = osm("battery", *args, "--arrays", "numpy")
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith("Error: ") and message in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
@@ -294,7 +293,7 @@ def _tutorial_like(q, k, v, softmax_scale=None, causal=False):
 _tutorial_like.osm_features = "causal,lse"
 
 
-def test_refusals_are_told_apart_from_wrong_numbers(runner):
+def test_refusals_are_told_apart_from_wrong_numbers():
     rep = run(_tutorial_like, arrays="numpy", head_dims="32")
     assert rep.refused > 10 and rep.failed == 0 and not rep.passed
     assert all(r.passed or r.refused for r in rep.results)
@@ -302,8 +301,8 @@ def test_refusals_are_told_apart_from_wrong_numbers(runner):
     refused = [f for f in rep.failures if f.smallest.refused]
     assert {f.smallest.failed for f in refused} == {("refused",)}
     assert all(f.smallest is f.first for f in refused)  # a refusal is not shrunk
-    res = runner.invoke(app, ["battery", "tests/battery/test_battery.py:_tutorial_like", "--arrays",
-                              "numpy", "--head-dims", "32", "--cases", "2"])
+    res = osm("battery", "tests/battery/test_battery.py:_tutorial_like", "--arrays",
+              "numpy", "--head-dims", "32", "--cases", "2")
     assert res.exit_code == 1
     assert "REFUSED 1: the kernel does not take" in res.stdout
     words = " ".join(res.stdout.split())
@@ -314,7 +313,7 @@ def test_refusals_are_told_apart_from_wrong_numbers(runner):
     assert res.stderr.startswith("FAIL: 0 of ") and "refused by the kernel" in res.stderr
 
 
-def test_declared_limits_draw_only_what_the_kernel_takes(runner):
+def test_declared_limits_draw_only_what_the_kernel_takes():
     opts = {"arrays": "numpy", "head_dims": "32", "seqlens": "equal", "min_seqlen": 64,
             "seqlen_multiple": 16}
     rep = run(_tutorial_like, **opts)
@@ -332,9 +331,9 @@ def test_declared_limits_draw_only_what_the_kernel_takes(runner):
         attn.osm_features, attn.osm_constraints = "causal,lse", limits
         assert [r.case.id for r in run(attn, arrays="numpy", head_dims="32").results] == \
             [r.case.id for r in rep.results]
-    res = runner.invoke(app, ["battery", "tests/battery/test_battery.py:_tutorial_like", "--arrays",
-                              "numpy", "--head-dims", "32", "--cases", "2", "--seqlens",
-                              "equal", "--min-seqlen", "64", "--seqlen-multiple", "16"])
+    res = osm("battery", "tests/battery/test_battery.py:_tutorial_like", "--arrays",
+              "numpy", "--head-dims", "32", "--cases", "2", "--seqlens",
+              "equal", "--min-seqlen", "64", "--seqlen-multiple", "16")
     assert res.exit_code == 0, res.output
     assert "left out by the declared limits" in res.stdout
     with pytest.raises(InputError, match="unknown constraint 'max_seqlen'"):

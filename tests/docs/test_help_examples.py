@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
+from conftest import osm
 from osm_cli.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,11 +20,8 @@ COMMANDS = sorted(typer.main.get_command(app).commands)
 
 
 def _examples():
-    from typer.testing import CliRunner
-
-    runner = CliRunner()
     for name in COMMANDS:
-        text = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
+        text = osm(name, "--help", width=200).stdout
         lines = text[text.index("Example"):].splitlines()[1:]
         for line in lines:
             line = line.strip()
@@ -44,10 +42,10 @@ def test_every_command_has_examples():
 
 
 @pytest.mark.parametrize("name, line", EXAMPLES, ids=[line for _, line in EXAMPLES])
-def test_help_example_runs(runner, tmp_path, monkeypatch, name, line):
+def test_help_example_runs(tmp_path, monkeypatch, name, line):
     (tmp_path / "samples").symlink_to(ROOT / "samples", target_is_directory=True)
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, shlex.split(line)[1:])
+    result = osm(*shlex.split(line)[1:])
     both = result.stdout + result.stderr
     assert "Traceback" not in both
     assert result.exit_code == 0, f"$ {line}\n{both}"

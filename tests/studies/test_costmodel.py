@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm
 from osm_cli.errors import InputError
 from osm_cli.studies.costmodel import (
     attention_flops,
@@ -147,21 +147,20 @@ def test_sweep_masked_tiles_and_float32():
         sweep([0], score_runner(s), n_q=2, n_k=4, d=2)
 
 
-def test_cli_cost(runner, strict_json):
-    r = runner.invoke(app, ["cost", "-n", "1024", "-d", "64", "--heads", "16", "--batch", "64"])
+def test_cli_cost(strict_json):
+    r = osm("cost", "-n", "1024", "-d", "64", "--heads", "16", "--batch", "64")
     assert r.exit_code == 0, r.stderr
     for text in ("B_c = ceil(M/4d) = 384", "9.13 GB", "1.64 GB", "25.2 GB", "4.61 GB", "42.4 GB",
                  "not a measurement"):
         assert text in r.stdout
-    doc = strict_json(runner.invoke(
-        app, ["cost", "-n", "4", "-d", "2", "--dtype-bytes", "1", "--sram", "16", "--json"]
-    ).stdout)
+    doc = strict_json(osm("cost", "-n", "4", "-d", "2", "--dtype-bytes", "1", "--sram", "16",
+                          "--json").stdout)
     assert doc["standard_fwd"] == 96 and doc["flash_fwd"] == 112 and doc["block_k"] == 2
 
 
-def test_cli_sweep_json(runner, strict_json):
-    r = runner.invoke(app, ["sweep", "--values", "1,2,5,3", "--blocks", "1,2,4", "-d", "2",
-                            "--block-q", "1", "--dtype-bytes", "1", "--sram", "40", "--json"])
+def test_cli_sweep_json(strict_json):
+    r = osm("sweep", "--values", "1,2,5,3", "--blocks", "1,2,4", "-d", "2",
+            "--block-q", "1", "--dtype-bytes", "1", "--sram", "40", "--json")
     assert r.exit_code == 0, r.stderr
     doc = strict_json(r.stdout)
     assert [b["rescales"] for b in doc["blocks"]] == [2, 1, 0]
@@ -170,8 +169,8 @@ def test_cli_sweep_json(runner, strict_json):
     assert doc["hbm_standard"] == 36 and doc["sram_bytes"] == 40
 
 
-def test_cli_sweep_table(runner):
-    r = runner.invoke(app, ["sweep", "samples/matrix.txt", "--blocks", "1,2"])
+def test_cli_sweep_table():
+    r = osm("sweep", "samples/matrix.txt", "--blocks", "1,2")
     assert r.exit_code == 0, r.stderr
     assert "rescales" in r.stdout and "not a measurement" in r.stdout
     assert "FA1 would pick B_r = 64, B_c = 384" in r.stdout
@@ -185,14 +184,14 @@ def test_cli_sweep_table(runner):
         (["--sram", "12XB"], "not a size"),
     ],
 )
-def test_cli_sweep_bad_options(runner, args, message):
-    r = runner.invoke(app, ["sweep", "--values", "1,2", *args])
+def test_cli_sweep_bad_options(args, message):
+    r = osm("sweep", "--values", "1,2", *args)
     assert r.exit_code == 2
     assert message in r.stderr
 
 
-def test_cli_sweep_bad_scores(runner):
-    r = runner.invoke(app, ["sweep", "--values", "1,nan"])
+def test_cli_sweep_bad_scores():
+    r = osm("sweep", "--values", "1,nan")
     assert r.exit_code == 1 and r.stderr.startswith("Error: ") and "NaN" in r.stderr
 
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from osm_cli.cli import app
+from conftest import osm
 from osm_cli.present.plot import INSTALL
 from osm_cli.studies.costmodel import hbm_bytes_flash
 from osm_cli.studies.sweep import attention_runner, sweep
@@ -133,8 +133,8 @@ HAND = ["--causal", "--blocks", "1,2,4", "--block-q", "2", "--dtype-bytes", "1",
         "--scale", "1"]
 
 
-def test_cli_sweep_qkv_json(runner, strict_json, ramp_npz):
-    r = runner.invoke(app, ["sweep", str(ramp_npz), *HAND, "--json"])
+def test_cli_sweep_qkv_json(strict_json, ramp_npz):
+    r = osm("sweep", str(ramp_npz), *HAND, "--json")
     assert r.exit_code == 0, r.stderr
     doc = strict_json(r.stdout)
     assert [b["tiles"] for b in doc["blocks"]] == [8, 4, 2]
@@ -149,14 +149,14 @@ def test_cli_sweep_qkv_json(runner, strict_json, ramp_npz):
     assert doc["shape_q"] == [4, 2] and doc["causal"] is True and doc["error_of"] == "O"
     assert all(b["max_abs_error"] <= 5e-16 for b in doc["blocks"])
     three = [str(ramp_npz.parent / f"{n}.npy") for n in "qkv"]
-    r3 = runner.invoke(app, ["sweep", *three, *HAND, "--json"])
+    r3 = osm("sweep", *three, *HAND, "--json")
     assert r3.exit_code == 0, r3.stderr
     assert strict_json(r3.stdout)["blocks"] == doc["blocks"]
 
 
-def test_cli_sweep_qkv_table(runner, ramp_npz, monkeypatch):
+def test_cli_sweep_qkv_table(ramp_npz, monkeypatch):
     monkeypatch.chdir(ramp_npz.parent)
-    r = runner.invoke(app, ["sweep", "ramp.npz", *HAND])
+    r = osm("sweep", "ramp.npz", *HAND)
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "ramp.npz: Q (4, 2)  K (4, 2)  V (4, 2), causal (bottom-right)"
@@ -170,16 +170,16 @@ def test_cli_sweep_qkv_table(runner, ramp_npz, monkeypatch):
                                                              "B"]
     assert "FA1 Prop. 4" in r.stdout
     # without a mask no tile is skipped: the std/tiled ratio instead, 96 / 192 = 0.5
-    r = runner.invoke(app, ["sweep", "ramp.npz", *HAND[1:]])
+    r = osm("sweep", "ramp.npz", *HAND[1:])
     assert "std/tiled" in r.stdout and "HBM skip" not in r.stdout
     one = next(x for x in r.stdout.splitlines() if x.split()[:1] == ["1"])
     assert one.endswith("0.5×")  # the last column, without the pad rich gave it before 0.2
 
 
-def test_cli_sweep_qkv_samples(runner, strict_json):
+def test_cli_sweep_qkv_samples(strict_json):
     """samples/long.npz (512 × 64, fp16), causal, the README's case: tiles of 128 rows."""
-    r = runner.invoke(app, ["sweep", "samples/long.npz", "--causal", "--blocks", "64,128",
-                            "--json"])
+    r = osm("sweep", "samples/long.npz", "--causal", "--blocks", "64,128",
+            "--json")
     assert r.exit_code == 0, r.stderr
     b64, b128 = strict_json(r.stdout)["blocks"]
     # 4 Q tiles × 8 K/V tiles of 64: Q tile i skips K/V tiles 2i + 2 … 7 -> 6 + 4 + 2 + 0 = 12
@@ -192,9 +192,9 @@ def test_cli_sweep_qkv_samples(runner, strict_json):
     assert b128["tile_bytes"] == 148_480 and b128["fits"]
 
 
-def test_cli_sweep_scores_unchanged(runner):
+def test_cli_sweep_scores_unchanged():
     """The scores form prints what it printed before Q/K/V were added."""
-    r = runner.invoke(app, ["sweep", "samples/matrix.txt", "--blocks", "1,2,4"])
+    r = osm("sweep", "samples/matrix.txt", "--blocks", "1,2,4")
     assert r.exit_code == 0, r.stderr
     got = [line.rstrip() for line in r.stdout.splitlines()]
     assert got[:4] == [
@@ -217,10 +217,10 @@ def test_cli_sweep_scores_unchanged(runner):
     assert "masked: tiles whose scores are all -inf" in r.stdout
 
 
-def test_cli_sweep_qkv_plot(runner, tmp_path, ramp_npz):
+def test_cli_sweep_qkv_plot(tmp_path, ramp_npz):
     pytest.importorskip("matplotlib", reason="--plot needs the optional extra osm-cli[plot]")
     path = tmp_path / "sweep.png"
-    r = runner.invoke(app, ["sweep", str(ramp_npz), *HAND, "--plot", str(path)])
+    r = osm("sweep", str(ramp_npz), *HAND, "--plot", str(path))
     assert r.exit_code == 0, r.stderr
     assert f"wrote {path}" in r.stderr
     data = path.read_bytes()
@@ -228,13 +228,13 @@ def test_cli_sweep_qkv_plot(runner, tmp_path, ramp_npz):
     assert int.from_bytes(data[16:20], "big") == 900 and int.from_bytes(data[20:24], "big") == 750
 
 
-def test_cli_sweep_qkv_plot_without_matplotlib(runner, tmp_path, monkeypatch, ramp_npz):
+def test_cli_sweep_qkv_plot_without_matplotlib(tmp_path, monkeypatch, ramp_npz):
     for name in list(sys.modules):
         if name == "matplotlib" or name.startswith("matplotlib."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     path = tmp_path / "s.png"
-    r = runner.invoke(app, ["sweep", str(ramp_npz), "--plot", str(path)])
+    r = osm("sweep", str(ramp_npz), "--plot", str(path))
     assert (r.exit_code, r.stdout, r.stderr) == (1, "", f"Error: {INSTALL}\n")
     assert not path.exists()
 
@@ -247,15 +247,15 @@ def test_cli_sweep_qkv_plot_without_matplotlib(runner, tmp_path, monkeypatch, ra
         (["--window", "1"], "--window must be two integers LEFT,RIGHT"),
     ],
 )
-def test_cli_sweep_qkv_errors(runner, ramp_npz, args, message):
-    r = runner.invoke(app, ["sweep", str(ramp_npz), *args])
+def test_cli_sweep_qkv_errors(ramp_npz, args, message):
+    r = osm("sweep", str(ramp_npz), *args)
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.startswith(f"Error: {message}") and r.stderr.count("\n") == 1
 
 
-def test_cli_sweep_errors(runner, tmp_path, ramp_npz):
+def test_cli_sweep_errors(tmp_path, ramp_npz):
     def err(*args):
-        r = runner.invoke(app, ["sweep", *map(str, args)])
+        r = osm("sweep", *map(str, args))
         assert r.exit_code == 1 and r.stdout == "", r.stdout
         assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
         return r.stderr
@@ -271,14 +271,14 @@ def test_cli_sweep_errors(runner, tmp_path, ramp_npz):
     np.save(tmp_path / "qnan.npy", q)
     assert "Q holds NaN" in err(tmp_path / "qnan.npy", d / "k.npy", d / "v.npy")
     assert "missing.npy: no such file" in err(d / "q.npy", d / "k.npy", tmp_path / "missing.npy")
-    r = runner.invoke(app, ["sweep", str(ramp_npz), "--blocks", "0"])
+    r = osm("sweep", str(ramp_npz), "--blocks", "0")
     assert r.exit_code == 2 and "at least 1" in r.stderr
 
 
-def test_cli_sweep_qkv_csv(runner, tmp_path, ramp_npz):
+def test_cli_sweep_qkv_csv(tmp_path, ramp_npz):
     """The hand-worked case of test_sweep_qkv_by_hand, as CSV rows."""
     path = tmp_path / "sweep.csv"
-    r = runner.invoke(app, ["sweep", str(ramp_npz), *HAND, "--csv", str(path)])
+    r = osm("sweep", str(ramp_npz), *HAND, "--csv", str(path))
     assert r.exit_code == 0, r.stderr
     assert r.stderr == f"wrote {path} (the sweep table, CSV)\n"
     lines = path.read_text().splitlines()
