@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import osm_cli
-from conftest import qkv, rand
+from conftest import osm, qkv, rand
 from osm_cli import kernels, testing
 from osm_cli.flash.forward import attention as tiled
 from osm_cli.flash.options import ScoreOptions
@@ -149,8 +149,6 @@ def test_attention_json_names_the_softmax_scale_apart_from_a_steps_alpha():
     "scale" stays its α, the rescale factor (a JSON contract since 0.1)."""
     import json
 
-    from conftest import osm
-
     r = osm("attention", "samples/qkv.npz", "--causal", "--query", "5", "--block-k", "2",
             "--json")
     assert r.exit_code == 0, r.output
@@ -184,9 +182,8 @@ def test_fa2_split_kv_of_a_bnhd_batch_is_the_bhnd_one():
     (B, H, N); the same bits as the (B, H, N, d) run (the battery found a bnhd mismatch)."""
     import ml_dtypes
 
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
-               for shape in ((1, 4, 2, 64), (1, 4096, 2, 64), (1, 4096, 2, 64)))
+    q, k, v = qkv(4, 4096, 64, heads=(2, 2), b=1, layout="bnhd", dtype=ml_dtypes.bfloat16,
+                  stream=True)
     a = osm_cli.attention(q, k, v, layout="bnhd", dtype="bf16", kernel="fa2", trace_at=None)
     b = osm_cli.attention(*(np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)),
                           dtype="bf16", kernel="fa2", trace_at=None)

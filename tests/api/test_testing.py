@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import rand
 from osm_cli.errors import OsmError
 from osm_cli.testing import as_numpy, assert_attention_close
 
@@ -138,7 +139,7 @@ def test_gradients_are_judged_too():
     from osm_cli import attention_reference
 
     out, q, k, v, lse = _kernel()
-    do = np.random.default_rng(7).normal(0, 1, q.shape).astype(np.float32)
+    do = rand(*q.shape, seed=7, dtype=np.float32)
     b = ml_dtypes.bfloat16
     do = do.astype(b).astype(np.float32)
     dq, dk, dv = (g.astype(b) for g in attention_reference(q, k, v, dout=do, causal=True).grads)
