@@ -356,3 +356,7 @@ def test_order_on_a_matrix_with_a_fully_masked_row_is_quiet():
     r = subprocess.run([sys.executable, "-m", "osm_cli", "trace", "samples/matrix.txt",
                         "--order", "reverse"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == ""
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert ["2", "-inf", "0", "-inf", "0"] in rows  # row 2: m, l, LSE, its |Δ| from the reference
+    assert ["forward", "vs", "reverse", "0", "0"] in rows  # max |Δp|, max |ΔLSE|: no difference
+    assert ["forward", "vs", "tree", "merge", "0", "0"] in rows

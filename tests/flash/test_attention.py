@@ -627,26 +627,26 @@ def test_matches_torch_sdpa():
     )
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def run(q, k, v, **kw):
+    def sdpa_out(q, k, v, **kw):
         return sdpa(*(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), **kw).numpy()
 
     # causal with t < s: PyTorch's is_causal is top-left
     q, k, v = qkv(7, 12, 16, dv=8, heads=(3, 3), b=2, seed=103)
     res = attention(q, k, v, causal=True, causal_align="top-left", block_q=3, block_k=5)
-    close(res.out, run(q, k, v, is_causal=True))
+    close(res.out, sdpa_out(q, k, v, is_causal=True))
     # GQA: PyTorch's equivalent repeats each kv head for its group of query heads
     q, k, v = qkv(9, 13, 8, dv=5, heads=(6, 2), b=2, seed=107)
     res = attention(q, k, v, block_q=4, block_k=4)
-    close(res.out, run(q, np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)))
+    close(res.out, sdpa_out(q, np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)))
     # a boolean mask (True = attend) and a float mask (added), both PyTorch's conventions
     keep = np.random.default_rng(5).random((9, 13)) > 0.3
     keep[:, 0] = True
     bias = rand(9, 13, seed=6)
     kr, vr = np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)
     close(attention(q, k, v, mask=keep, block_k=4).out,
-          run(q, kr, vr, attn_mask=torch.from_numpy(keep)))
+          sdpa_out(q, kr, vr, attn_mask=torch.from_numpy(keep)))
     close(attention(q, k, v, mask=bias, block_k=4).out,
-          run(q, kr, vr, attn_mask=torch.from_numpy(bias)))
+          sdpa_out(q, kr, vr, attn_mask=torch.from_numpy(bias)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_delta_in_the_kernels_order(kernel, d, threads, width):
 
 # --- the backward against the captures -----------------------------------------------------------
 
-def _run(case, mma):
+def _backward(case, mma):
     a = case.arrays
     q, k, v, do = (a[n].astype(F32) for n in ("q", "k", "v", "do"))
     return flash_backward(model(case.dtype), q, k, v, do, a["out"].astype(F32), a["lse"],
@@ -116,7 +116,7 @@ def test_backward_is_the_kernels_bit_for_bit_nearly(case):
     bit for bit on ≥ 99.98 % (bf16) / 99.8 % (fp16) of each, and within 2 ulps of the element
     everywhere but at most 4 elements a case (tiny values, a float32 ulp of the row's scale
     seen at their own: benchmarks/results/kernel_bits_h200.txt)."""
-    fb = _run(case, "tensor-core")
+    fb = _backward(case, "tensor-core")
     dt = DTYPES[case.dtype]
     floor = 0.9998 if case.dtype == "bfloat16" else 0.998
     over = 0
@@ -131,7 +131,7 @@ def test_kernel_arithmetic_beats_osms_blas_model():
     """Over the fp16 FA2 captures: the blas model (osm's own backward arithmetic) agrees on
     ~99 %, the kernel's on ~99.98 %."""
     fp16 = [c for c in CASES if c.kernel == "flash" and c.dtype == "float16"][:6]
-    share = {m: np.mean([np.mean(_run(c, m).dk == c.arrays["dk"].astype(F32))
+    share = {m: np.mean([np.mean(_backward(c, m).dk == c.arrays["dk"].astype(F32))
                          for c in fp16]) for m in ("blas", "tensor-core")}
     assert share["blas"] < 0.997 < 0.999 < share["tensor-core"]
 

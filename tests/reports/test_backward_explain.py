@@ -17,14 +17,14 @@ BACKWARD = ("backward", "samples/causal.npz", "--causal", "--block-q", "4", "--b
             "--query", "2", "--key", "1")
 
 
-def _run(qkv, **kw):
+def _backward(qkv, **kw):
     q, k, v = qkv(8, 8, 4, heads=(2, 2), b=1)
     do = qkv(8, 8, 4, heads=(2, 2), b=1, seed=5)[0]
     return attention_backward(q, k, v, do, block_q=4, block_k=2, **kw), (q, k, v, do)
 
 
 def test_the_details_are_the_loops_numbers_and_add_up(qkv):
-    res, (q, k, v, do) = _run(qkv, causal=True, trace_at=(0, 1, 6), trace_key=3)
+    res, (q, k, v, do) = _backward(qkv, causal=True, trace_at=(0, 1, 6), trace_key=3)
     s = res.options.softmax_scale
     # the query trace: dQ_i after its last tile is the dQ row written; each share adds up
     steps = [st for st in res.trace.steps if not st.masked]
@@ -49,7 +49,7 @@ def test_the_details_are_the_loops_numbers_and_add_up(qkv):
 
 
 def test_the_lines_show_the_numbers(qkv):
-    res, _ = _run(qkv, trace_at=(0, 0, 2), trace_key=1)
+    res, _ = _backward(qkv, trace_at=(0, 0, 2), trace_key=1)
     st = res.trace.steps[0]
     lines = backward_query_lines(st, res.options.softmax_scale)
     det = st.detail
