@@ -36,12 +36,12 @@ def test_start_at_a_screen():
 
 def test_tour_in_tmux(tmux):
     tmux.start("tour", height=60)
-    screen = tmux.wait_for("Enter: next screen", timeout=40)
+    screen = tmux.wait_for("Enter: next screen")
     assert "(1 of 8)" in screen and "(2 of 8)" not in screen
     tmux("send-keys", "-t", "osm", "Enter")
-    tmux.wait_for("(2 of 8)", timeout=40)
-    screen = tmux.wait_for("Enter: next screen", timeout=40)
+    tmux.wait_for("(2 of 8)")
+    screen = tmux.wait_for("Enter: next screen")
     assert "(1 of 8)" not in screen  # one screen at a time
     tmux("send-keys", "-t", "osm", "q")
-    screen = tmux.wait_for("EXIT=0", timeout=40)
+    screen = tmux.wait_for("EXIT=0")
     assert "(3 of 8)" not in screen
