@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import re
@@ -455,19 +456,19 @@ def test_overflow_demo_default():
     assert "the textbook stabilized form gives NaN" in " ".join(out.split())
 
 
-def test_the_fully_masked_row_is_explained_alike_in_trace_and_overflow_demo(runner):
+def test_the_fully_masked_row_is_explained_alike_in_trace_and_overflow_demo():
     """One explanation, word for word, in both commands (overflow-demo's masked table, the
     trace of a row with every score -inf), then which of each one's columns is which form."""
     from osm_cli.studies.overflow import MASKED_ROW
 
-    demo = " ".join(ok(runner, "overflow-demo").stdout.split())
-    trace = " ".join(ok(runner, "trace", "--values", "-inf,-inf,-inf").stdout.split())
+    demo = " ".join(ok("overflow-demo").stdout.split())
+    trace = " ".join(ok("trace", "--values", "-inf,-inf,-inf").stdout.split())
     assert MASKED_ROW in demo and MASKED_ROW in trace
     assert ("naive and stabilized (textbook) are the unguarded forms, online (osm) the "
             "guarded") in demo
     assert ("Here online p and stabilized p are osm's guarded forms (0 for every entry); naive p "
             "is 0 / 0 = nan.") in trace
-    assert MASKED_ROW not in " ".join(ok(runner, "trace", "--values", "-inf,1").stdout.split())
+    assert MASKED_ROW not in " ".join(ok("trace", "--values", "-inf,1").stdout.split())
 
 
 def test_overflow_demo_with_values():
@@ -550,7 +551,7 @@ def test_python_dash_m():
     assert "Usage: osm " in result.stdout
 
 
-def test_sweep_random_is_the_sweep_of_those_tensors(runner, tmp_path):
+def test_sweep_random_is_the_sweep_of_those_tensors(tmp_path):
     """--random B,H,N,d (and --seed) on sweep: the seeded Q, K, V attention --random uses,
     swept as if saved to a .npz (the same table but for the source's name)."""
     from osm_cli.studies.inputs import random_qkv
@@ -558,10 +559,10 @@ def test_sweep_random_is_the_sweep_of_those_tensors(runner, tmp_path):
     q, k, v = random_qkv((1, 2, 64, 8), 3)
     np.savez(tmp_path / "r.npz", q=q, k=k, v=v)
     args = ["--blocks", "8,32", "--causal", "--json"]
-    got = json.loads(ok(runner, "sweep", "--random", "1,2,64,8", "--seed", "3", *args).stdout)
-    saved = json.loads(ok(runner, "sweep", str(tmp_path / "r.npz"), *args).stdout)
+    got = json.loads(ok("sweep", "--random", "1,2,64,8", "--seed", "3", *args).stdout)
+    saved = json.loads(ok("sweep", str(tmp_path / "r.npz"), *args).stdout)
     assert got["source"] == "--random 1,2,64,8 --seed 3"
     assert {**got, "source": None} == {**saved, "source": None}
-    r = runner.invoke(app, ["sweep", "samples/scores.txt", "--random", "1,1,4,4"])
+    r = osm("sweep", "samples/scores.txt", "--random", "1,1,4,4")
     assert r.exit_code == 1
     assert r.stderr == "Error: give scores, Q K V files or --random B,H,N,d, one of them\n"
