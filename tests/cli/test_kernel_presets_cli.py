@@ -32,7 +32,7 @@ def test_mma_choices_are_gpu_ops():
 
 @pytest.mark.parametrize("dtype, kernel", [("bf16", "fa2"), ("fp16", "fa2"),
                                            ("e4m3", "fa4-sm100"), ("fp32", "tiles")])
-def test_default_kernel_follows_dtype(runner, dtype, kernel):
+def test_default_kernel_follows_dtype(dtype, kernel):
     r = osm("attention", *QKV, "--dtype", dtype, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -40,7 +40,7 @@ def test_default_kernel_follows_dtype(runner, dtype, kernel):
     assert doc["masked_lse"] == ("pos-inf" if kernel == "fa2" else "neg-inf")
 
 
-def test_plain_run_keeps_todays_summary(runner):
+def test_plain_run_keeps_todays_summary():
     r = osm("attention", *QKV)
     assert r.exit_code == 0 and "kernel" not in r.stdout
     assert json.loads(osm("attention", *QKV, "--json").stdout)["kernel"] == "tiles"
@@ -48,7 +48,7 @@ def test_plain_run_keeps_todays_summary(runner):
 
 @pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
 @pytest.mark.parametrize("width", [80, 100])
-def test_attention_each_kernel(runner, kernel, width):
+def test_attention_each_kernel(kernel, width):
     r = osm("attention", *QKV, "--dtype", "bf16", "--kernel", kernel, width=width)
     assert r.exit_code == 0, r.output
     flat = " ".join(r.stdout.split())
@@ -60,7 +60,7 @@ def test_attention_each_kernel(runner, kernel, width):
     assert "…" not in r.stdout  # no number cut
 
 
-def test_fa2_kernel_line(runner):
+def test_fa2_kernel_line():
     r = osm("attention", *QKV, "--dtype", "bf16", width=200)
     line = next(ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("kernel"))
     assert " ".join(line.split()) == (
@@ -68,7 +68,7 @@ def test_fa2_kernel_line(runner):
         "visited last to first; exp2 of S·c rounded, minus m·c; O·(1/l)")
 
 
-def test_trace_in_kernel_order(runner):
+def test_trace_in_kernel_order():
     """samples/long.npz causal, block_k 32 given: fa2 visits the tiles last to first."""
     r = osm("attention", "samples/long.npz", "--causal", "--dtype", "bf16",
             "--block-k", "32", "--query", "300", "--json")
@@ -83,7 +83,7 @@ def test_trace_in_kernel_order(runner):
     assert all(len(line) <= 80 for line in text.stdout.splitlines())
 
 
-def test_unknown_kernel_is_usage_error(runner):
+def test_unknown_kernel_is_usage_error():
     r = osm("attention", *QKV, "--kernel", "fa3")
     assert r.exit_code == 2
     assert "'fa2', 'fa4', 'fa4-sm100', 'tiles'" in r.output
@@ -109,7 +109,7 @@ def test_unknown_kernel_is_usage_error(runner):
      "Error: --mma tensor-core models a kernel preset's matmuls; --kernel tiles is osm's own "
      "loop"),
 ])
-def test_attention_refusals(runner, args, line):
+def test_attention_refusals(args, line):
     r = osm("attention", *QKV, *args)
     assert r.exit_code == 1 and r.stdout == ""
     assert error_line(r) == line
@@ -135,12 +135,12 @@ def test_tiles_keeps_order_form_splits():
     assert "K/V tiles reverse" in text and "split-KV (Flash-Decoding)" in text
 
 
-def test_masked_lse_override(runner):
+def test_masked_lse_override():
     r = osm("attention", *QKV, "--dtype", "bf16", "--masked-lse", "zero", "--json")
     assert json.loads(r.stdout)["masked_lse"] == "zero"
 
 
-def test_rescale_threshold_with_preset(runner):
+def test_rescale_threshold_with_preset():
     r = osm("attention", "samples/long.npz", "--dtype", "bf16", "--kernel", "fa4",
             "--rescale-threshold", "2", "--json")
     assert r.exit_code == 0, r.output
@@ -149,7 +149,7 @@ def test_rescale_threshold_with_preset(runner):
     assert doc["baseline"]["rescales"] <= doc["baseline"]["rescales_eager"]
 
 
-def test_tensor_core_mma(runner):
+def test_tensor_core_mma():
     r = osm("attention", *QKV, "--dtype", "bf16", "--mma", "tensor-core", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["mma"] == "tensor-core"
@@ -167,7 +167,7 @@ def descale_files(tmp_path, shape=(1, 2), value=0.5):
     return paths
 
 
-def test_descale_runs_fp8(runner, tmp_path):
+def test_descale_runs_fp8(tmp_path):
     r = osm("attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -189,19 +189,19 @@ def test_descale_runs_fp8(runner, tmp_path):
      "Error: --q-descale, --k-descale and --v-descale scale FP8 inputs; use them with --dtype "
      "e4m3 or e5m2"),
 ])
-def test_descale_errors(runner, tmp_path, args, extra, line):
+def test_descale_errors(tmp_path, args, extra, line):
     r = osm("attention", *QKV, *args, *descale_files(tmp_path, **extra))
     assert r.exit_code == 1
     assert error_line(r) == line
 
 
-def test_descale_needs_all_three(runner, tmp_path):
+def test_descale_needs_all_three(tmp_path):
     r = osm("attention", *QKV, "--dtype", "e4m3", *descale_files(tmp_path)[:2])
     assert error_line(r) == ("Error: give --q-descale, --k-descale and --v-descale together; "
                              "missing --k-descale, --v-descale")
 
 
-def test_check_descale(runner, tmp_path):
+def test_check_descale(tmp_path):
     """A bf16 kernel output of FP8 inputs with descales: judged, the model beside."""
     from osm_cli.precision.dtypes import DTYPES
     from osm_cli.precision.emulate import Descale
@@ -234,7 +234,7 @@ def test_check_descale(runner, tmp_path):
     ("fa4_plain_bf16", "fa4-sm100", ["--layout", "bnhd"]),
     ("fa4_plain_bf16", "tiles", ["--layout", "bnhd", "--dtype", "bf16"]),
 ])
-def test_check_each_kernel(runner, bundle, kernel, extra):
+def test_check_each_kernel(bundle, kernel, extra):
     r = osm("check", f"samples/kernels/{bundle}.npz", "--kernel", kernel, *extra,
             "--json")
     assert r.exit_code == 0, r.output
@@ -245,7 +245,7 @@ def test_check_each_kernel(runner, bundle, kernel, extra):
                                                              rel=0.05)
 
 
-def test_check_float32_bundle_note(runner):
+def test_check_float32_bundle_note():
     r = osm("check", "samples/kernels/sdpa_flash_bf16_causal.npz", "--causal",
             "--causal-align", "top-left", "--kernel", "fa2")
     assert r.exit_code == 0, r.output
@@ -254,7 +254,7 @@ def test_check_float32_bundle_note(runner):
                                 "chooses)")
 
 
-def test_check_unknown_kernel_and_fp8_on_fa2(runner):
+def test_check_unknown_kernel_and_fp8_on_fa2():
     r = osm("check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa9")
     assert r.exit_code == 2 and "'fa2', 'fa4', 'fa4-sm100', 'tiles'" in r.output
     r = osm("check", "samples/kernel_fp16.npz", "--causal", "--kernel", "fa2",
@@ -266,7 +266,7 @@ def test_check_unknown_kernel_and_fp8_on_fa2(runner):
 
 @pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
 @pytest.mark.parametrize("width", [80, 100])
-def test_backward_each_kernel(runner, kernel, width):
+def test_backward_each_kernel(kernel, width):
     r = osm("backward", *QKV, "samples/do.npy", "--dtype", "bf16", "--kernel", kernel,
             width=width)
     assert r.exit_code == 0, r.output
@@ -278,13 +278,13 @@ def test_backward_each_kernel(runner, kernel, width):
     assert doc["kernel"] == kernel and doc["mma"] == "blas" and doc["own_forward"]
 
 
-def test_backward_kernel_needs_dtype(runner):
+def test_backward_kernel_needs_dtype():
     r = osm("backward", *QKV, "samples/do.npy", "--kernel", "fa2")
     assert r.exit_code == 1 and error_line(r).startswith("Error: --kernel fa2 models a kernel")
 
 
 @pytest.mark.parametrize("kernel", [*PRESET_NAMES, "tiles"])
-def test_sweep_each_kernel(runner, kernel):
+def test_sweep_each_kernel(kernel):
     r = osm("sweep", *QKV, "--blocks", "2,4,8", "--dtype", "bf16", "--kernel", kernel,
             "--json")
     assert r.exit_code == 0, r.output
@@ -295,7 +295,7 @@ def test_sweep_each_kernel(runner, kernel):
     assert all(len(line) <= 80 for line in text.stdout.splitlines())
 
 
-def test_sweep_refusals(runner):
+def test_sweep_refusals():
     r = osm("sweep", *QKV, "--kernel", "fa4")
     assert error_line(r) == "Error: --kernel fa4 models a 16-bit or FP8 kernel; give --dtype"
     r = osm("sweep", "samples/matrix.txt", "--kernel", "fa2")
@@ -335,7 +335,7 @@ def test_default_kernel_takes_the_runs_options():
     assert default_kernel("float32", ScoreOptions()) == "tiles"
 
 
-def test_check_of_a_sink_bundle_models_fa4(runner):
+def test_check_of_a_sink_bundle_models_fa4():
     """FA4's sink capture judged as bf16 without --kernel: the model beside it is fa4's (fa2
     takes no sinks), bit for bit the kernel's error, and the gradients are judged too."""
     r = osm("check", "samples/kernels/fa4_sink_bf16.npz", "--layout", "bnhd",
@@ -348,7 +348,7 @@ def test_check_of_a_sink_bundle_models_fa4(runner):
     assert doc["passed"] is True and len(doc["gradients"]) == 3
 
 
-def test_check_of_the_combo_bundle_with_its_gradients(runner):
+def test_check_of_the_combo_bundle_with_its_gradients():
     """sink + softcap + GQA + causal + varlen, out and gradients, with the kernel named: every
     verdict PASS and the model row names fa4."""
     r = osm("check", "samples/kernels/fa4_combo_bf16.npz", "--causal", "--softcap", "30",
@@ -364,7 +364,7 @@ FP8 = ["samples/fp8/q.npy", "samples/fp8/k.npy", "samples/fp8/v.npy", "--dtype",
 
 
 @pytest.mark.parametrize("width", [80, 100])
-def test_fp8_trace_shows_the_saturating_p(runner, width):
+def test_fp8_trace_shows_the_saturating_p(width):
     """flash-attention #2716 as the trace shows it: with a lazy threshold of 8 log2 units
     (5.545 in natural log) m stays at tile 3's max, the largest P of tiles 2, 1, 0 grows to
     2^10, 2^12, 2^14 and 49, 111 and all 128 of the row's P saturate at 448; eagerly (the
