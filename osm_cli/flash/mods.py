@@ -66,6 +66,7 @@ class ScoreMod:
     name: str
     grad: Callable | None = None  # d fn / d score, the same signature; None: differences
     builtin: bool = False
+    cap: float | None = None  # the built-in softcap's C: FA4's softcap is this score_mod
 
     @classmethod
     def of(cls, fn, name: str | None = None) -> ScoreMod:
@@ -209,7 +210,8 @@ def softcap(cap: float) -> ScoreMod:
     """cap·tanh(score / cap) (Gemma 2, Grok; FA2's softcap on the scaled score)."""
     cap = _positive(cap, "softcap")
     return ScoreMod(lambda s, b, h, q, kv: cap * np.tanh(s / cap), f"softcap:{cap:g}",
-                    lambda s, b, h, q, kv: 1.0 - np.tanh(s / cap) ** 2, builtin=True)
+                    lambda s, b, h, q, kv: 1.0 - np.tanh(s / cap) ** 2, builtin=True,
+                    cap=cap)
 
 
 def tanh_gate() -> ScoreMod:

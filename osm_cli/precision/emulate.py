@@ -42,6 +42,7 @@ from osm_cli.flash.forward import (
     packed_attention,
     run_q_tiles,
 )
+from osm_cli.flash.mods import about_mods
 from osm_cli.flash.options import split_options
 from osm_cli.flash.plan import Counts, Plan, make_plan, marked, q_groups, row_step, walk
 
@@ -99,9 +100,17 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
     opts, tiling, _ = split_options(options, opts, tiling, hooks)
     if mma not in MMAS:
         raise OsmError(f"mma must be one of {', '.join(MMAS)}, not {mma!r}")
-    if opts.score_mod is not None:
+    if opts.score_mod is not None and kernel.softcap != "score-mod":
         raise OsmError(f"kernel {kernel.name} models its kernel's fixed score options "
-                       "(softcap, ALiBi); a score_mod runs in osm's own loop (kernel tiles)")
+                       "(softcap, ALiBi); a score_mod runs in osm's own loop (kernel tiles) "
+                       "or FA4's (kernel fa4)")
+    if opts.score_mod is not None and opts.softcap is not None:
+        raise OsmError(f"kernel {kernel.name} takes a softcap or a score_mod, not both: its "
+                       "softcap is a score_mod (write both as one score_mod)")
+    asked = opts
+    if opts.score_mod is not None and opts.score_mod.cap is not None:
+        # FA4 builds its softcap as this very score_mod: its own arithmetic (the GPU's tanh)
+        opts = replace(opts, softcap=opts.score_mod.cap, score_mod=None)
     float_mask = opts.mask is not None and np.asarray(opts.mask).dtype.kind != "b"
     kernel.check(m.name, alibi=opts.alibi_slopes is not None, sinks=opts.sinks is not None,
                  float_mask=float_mask)
@@ -128,6 +137,8 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
         res = split_kv_run(q, k, v, opts, masked_lse, trace_at, dense, sms)
     else:
         res = dense(q, k, v, opts=opts, masked_lse=masked_lse, trace_at=trace_at)
+    if asked is not opts:  # what was asked: the score_mod
+        res = replace(res, softcap=None, mods=about_mods(asked))
     return _finish(m, res)
 
 
@@ -170,8 +181,9 @@ def _arith(kernel: Preset, m: Model, plan: Plan, opts: ScoreOptions, descale, ta
     """c = scale·log2e in float32 (per kv group with FP8 descales), and S's units."""
     b, hk, g = plan.groups
     scale = F32(plan.scale)
-    if opts.softcap is not None and kernel.softcap == "score-mod":
-        c, nat = F32(LOG2E), 1.0  # FA4: the scale is applied before the softcap, S natural
+    if kernel.softcap == "score-mod" and (opts.softcap is not None
+                                          or opts.score_mod is not None):
+        c, nat = F32(LOG2E), 1.0  # FA4: the scale is applied before a score_mod, S natural
     elif opts.softcap is not None:
         c, nat = F32(F32(opts.softcap) * F32(LOG2E)), float(opts.softcap)  # FA2: S = tanh(·)
     else:
@@ -208,8 +220,8 @@ def _per_kv(x, name: str, b: int, hk: int) -> np.ndarray:
 
 def _scores(plan: Plan, ar: Arith, kernel: Preset, qt: np.ndarray, i0: int, n: int,
             j0: int, j1: int, softcap: float | None) -> np.ndarray:
-    """S for one tile in the kernel's units: Q·Kᵀ, softcapped and biased as the kernel does;
-    the masks are applied by the caller."""
+    """S for one tile in the kernel's units: Q·Kᵀ, softcapped and biased as the kernel does,
+    or scaled and through the score_mod (FA4); the masks are applied by the caller."""
     kT = np.swapaxes(plan.k3[:, j0:j1, :], -1, -2).astype(F32, copy=False)
     s = matmul(qt, kT, ar.mma)
     if softcap is not None:
@@ -223,6 +235,10 @@ def _scores(plan: Plan, ar: Arith, kernel: Preset, qt: np.ndarray, i0: int, n: i
                 s = ar.ops.tanh_(x)
     if plan.slopes is not None:
         s = s + _alibi(plan, ar, i0, n, j0, j1, softcap)
+    if plan.score_mod is not None:  # FA4 (apply_score_mod_inner): fn(S·scale) in float32
+        with np.errstate(over="ignore"):
+            s = (s * F32(plan.scale)).astype(F32)
+        s = plan.tile_mod(i0, i0 + n, j0, j1)(s).astype(F32, copy=False)
     return s
 
 

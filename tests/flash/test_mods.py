@@ -144,7 +144,7 @@ def test_a_mask_mod_must_return_booleans():
 
 def test_check_passes_a_mods_output_and_fails_a_wrong_mask():
     """check with the score_mod and mask_mod: the bf16-rounded reference PASSes (out, LSE and
-    gradients); judged without the document mask it FAILs. The presets refuse a score_mod:
+    gradients); judged without the document mask it FAILs. fa2 refuses a score_mod (FA2 has none):
     the model beside runs osm's own loop."""
     bf = ml_dtypes.bfloat16
     q, k, v, do = (x.astype(np.float32)
@@ -203,3 +203,63 @@ def test_presets_run_a_mask_mod(kernel):
     assert mod.tiles.partial == band.tiles.partial > 0
     kinds = [s.kind for s in mod.trace.steps if not s.masked and not s.sink]
     assert "partial" in kinds and set(kinds) <= {"full", "partial"}  # FA visits them last first
+
+
+def _bf16_inputs(seed: int, t: int = 300):
+    bf = ml_dtypes.bfloat16
+    rng = np.random.default_rng(seed)
+    return tuple((rng.standard_normal((B, h, t, 64)) * sd).astype(bf).astype(np.float32)
+                 for h, sd in ((H, 2.0), (HK, 2.0), (HK, 1.0)))
+
+
+@pytest.mark.parametrize("kernel", ["fa4", "fa4-sm100"])
+def test_fa4_runs_a_score_mod_against_the_float64_reference(kernel):
+    """FA4 applies a score_mod to S·scale in float32, then its mask (flash_attn/cute's
+    apply_score_mod_inner); its preset does the same: a relative bias with a document and a
+    causal mask_mod at N = 300 (not a multiple of 128) is within twice the error of osm's
+    float64 reference rounded to bf16 (FlashAttention's test rule), LSE within 2e-4, and so is
+    softcap; a reference with the opposite bias is far off. fa2 has no score_mod and refuses
+    one."""
+    q, k, v = _bf16_inputs(5)
+    docs = np.repeat([0, 1, 2], [1, 150, 149])
+    table = np.linspace(-1.0, 1.0, H * (2 * 300 - 1)).reshape(H, -1)
+    for score_mod in (mods.relative_bias(table), mods.softcap(3.0)):
+        opts = ScoreOptions(score_mod=score_mod, mask_mod=[mods.document(docs), mods.causal()])
+        got = run_flash(model("bf16"), q, k, v, kernel=kernel, opts=opts, trace_at=(1, 3, 200))
+        ref, lse = reference(q, k, v, opts)
+        rounded = np.abs(ref.astype(ml_dtypes.bfloat16).astype(np.float64) - ref).max()
+        assert np.abs(got.out - ref).max() <= 2 * rounded  # FlashAttention's own rule
+        assert np.abs(got.lse - lse).max() < 2e-4
+        assert got.kernel == kernel and got.mods.startswith(f"score_mod {score_mod.name}")
+        assert got.tiles_partial > 0 and got.tiles_skipped > 0
+        assert any(s.kind == "partial" for s in got.trace)
+    other = reference(q, k, v, ScoreOptions(score_mod=mods.relative_bias(-table),
+                                            mask_mod=[mods.document(docs), mods.causal()]))[0]
+    assert np.abs(got.out - other).max() > 0.1
+    with pytest.raises(OsmError, match="score_mod runs in osm's own loop"):
+        run_flash(model("bf16"), q, k, v, kernel="fa2", score_mod=mods.softcap(3.0))
+    with pytest.raises(OsmError, match="a softcap or a score_mod, not both"):
+        run_flash(model("bf16"), q, k, v, kernel=kernel, softcap=3.0,
+                  score_mod=mods.softcap(3.0))
+
+
+@pytest.mark.parametrize("kernel", ["fa4", "fa4-sm100"])
+def test_fa4s_softcap_is_its_softcap_score_mod(kernel):
+    """FA4 builds `softcap` as a score_mod, so the built-in softcap:C on its preset is its
+    softcap bit for bit (the GPU's tanh included), reported as the score_mod; a user's own
+    C·tanh(s / C) runs numpy's tanh: most outputs identical, none off by more than bf16's ulp at
+    the largest output."""
+    q, k, v = _bf16_inputs(6)
+    fixed = run_flash(model("bf16"), q, k, v, kernel=kernel, softcap=3.0, causal=True)
+    builtin = run_flash(model("bf16"), q, k, v, kernel=kernel, causal=True,
+                        score_mod=mods.softcap(3.0))
+    assert np.array_equal(fixed.out, builtin.out) and np.array_equal(fixed.lse, builtin.lse)
+    assert (builtin.softcap, fixed.softcap) == (None, 3.0)
+    assert builtin.mods.startswith("score_mod softcap:3")
+
+    def cap(score, b, h, q_idx, kv_idx):
+        return 3.0 * np.tanh(score / 3.0)
+
+    user = run_flash(model("bf16"), q, k, v, kernel=kernel, causal=True, score_mod=cap)
+    assert (user.out == fixed.out).mean() > 0.9  # the GPU's tanh and numpy's differ in a few
+    assert np.abs(user.out - fixed.out).max() <= 2.0**-7 * np.abs(fixed.out).max()
