@@ -191,6 +191,7 @@ class GradStep:
     dq_norm: float | None = None
     query: int | None = None  # a query trace: the traced query row this step is of
     detail: GradDetail | None = field(default=None, compare=False)  # --explain's numbers
+    kind: str | None = None  # under a mask_mod: the tile's block-mask kind, "full" or "partial"
 
 
 __all__ = ["DETAIL_SHOWN", "GradDetail", "GradStep", "Step", "StepColumns"]

@@ -45,7 +45,7 @@ from .packed import (
     scatter_lse,
     scatter_rows,
 )
-from .plan import Plan, _norm, make_plan, walk
+from .plan import Plan, _norm, make_plan, marked, walk
 from .records import Backward, BackwardTrace, Counters, Tiles
 from .shapes import (
     check_finite,
@@ -237,7 +237,7 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                 grads.key_trace.append(GradStep(
                     i0 // plan.bq, i0, i1, False, float(up.p[at, :, c].max()),
                     float(up.ds[at, :, c].sum()), *_dkv_norms(plan, dk_j, dv_j, at, c),
-                    detail=detail))
+                    detail=detail, **marked(plan, kind)))
             for qi, (_, r) in here:
                 dq_after = plan.scale * grads.dq[g0 + at, th % g, qi]
                 detail = query_detail(plan, up, float(sv.d[g0 + at, th % g, qi]), r, at,
@@ -245,7 +245,7 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                 grads.query_trace.append(GradStep(
                     *tile.bounds, False, float(up.p[at, r].max()),
                     float(up.ds[at, r].sum()), dq_norm=_norm(dq_after), query=qi,
-                    detail=detail))
+                    detail=detail, **marked(plan, kind)))
         tick()
 
 

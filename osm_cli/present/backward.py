@@ -110,7 +110,8 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
         t.add_column(name, **nc)
 
     def cells(s, query=None):
-        out = [str(s.block), f"{s.start}:{s.stop}", *(() if query is None else (query,))]
+        tile = str(s.block) if s.kind is None else f"{s.block} {s.kind[0]}"  # full / partial
+        out = [tile, f"{s.start}:{s.stop}", *(() if query is None else (query,))]
         if s.masked:
             out += [Text("skipped", style="dim"), ""]
         else:
@@ -129,14 +130,21 @@ def _trace(rep, d: int, show_all: bool, key: bool) -> Group:
 
         tile_groups(t, r.trace.rows, show_all, line)
         return Group(Text(f"{queries_text(r.trace.queries)} of {what} {b}, head {h}: dQ_i over the "
-                          "K/V tiles, start 0"), t)
+                          "K/V tiles, start 0" + _kinds_note(steps)), t)
     fill(t, len(steps), lambda n: cells(steps[n]), show_all, unit="tiles")
     if key:
         title = (f"key {r.trace.key} of {what} {b}, kv head {r.trace.kv_head} ({_heads_of(r)}): "
                  "dK_j, dV_j over the Q tiles, start 0")
     else:
         title = f"query {i} of {what} {b}, head {h}: dQ_i over the K/V tiles, start 0"
-    return Group(Text(title), t)
+    return Group(Text(title + _kinds_note(steps)), t)
+
+
+def _kinds_note(steps) -> str:
+    """The block mask's letters, as the forward's trace says them (under a mask_mod)."""
+    if any(s.kind is not None for s in steps):
+        return "\nblock mask: f a full tile (no mask applied), p a partial one (masked)"
+    return ""
 
 
 def _heads_of(r) -> str:

@@ -344,7 +344,7 @@ def grad_check_doc(g) -> dict:
 
 
 GRAD_STEP_KEYS = ("block", "start", "stop", "masked", "p_max", "ds_sum", "dk_norm", "dv_norm",
-                  "dq_norm")
+                  "dq_norm", "kind")  # kind: under a mask_mod, "full" or "partial"
 
 
 def grad_step_doc(s) -> dict:
