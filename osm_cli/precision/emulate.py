@@ -138,7 +138,7 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
     else:
         res = dense(q, k, v, opts=opts, masked_lse=masked_lse, trace_at=trace_at)
     if asked is not opts:  # what was asked: the score_mod
-        res = replace(res, softcap=None, mods=about_mods(asked))
+        res = replace(res, options=replace(res.options, softcap=None, mods=about_mods(asked)))
     return _finish(m, res)
 
 

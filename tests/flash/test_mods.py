@@ -230,9 +230,9 @@ def test_fa4_runs_a_score_mod_against_the_float64_reference(kernel):
         rounded = np.abs(ref.astype(ml_dtypes.bfloat16).astype(np.float64) - ref).max()
         assert np.abs(got.out - ref).max() <= 2 * rounded  # FlashAttention's own rule
         assert np.abs(got.lse - lse).max() < 2e-4
-        assert got.kernel == kernel and got.mods.startswith(f"score_mod {score_mod.name}")
-        assert got.tiles_partial > 0 and got.tiles_skipped > 0
-        assert any(s.kind == "partial" for s in got.trace)
+        assert got.options.kernel == kernel and got.options.mods.startswith(f"score_mod {score_mod.name}")
+        assert got.tiles.partial > 0 and got.tiles.skipped > 0
+        assert any(s.kind == "partial" for s in got.trace.steps)
     other = reference(q, k, v, ScoreOptions(score_mod=mods.relative_bias(-table),
                                             mask_mod=[mods.document(docs), mods.causal()]))[0]
     assert np.abs(got.out - other).max() > 0.1
@@ -254,8 +254,8 @@ def test_fa4s_softcap_is_its_softcap_score_mod(kernel):
     builtin = run_flash(model("bf16"), q, k, v, kernel=kernel, causal=True,
                         score_mod=mods.softcap(3.0))
     assert np.array_equal(fixed.out, builtin.out) and np.array_equal(fixed.lse, builtin.lse)
-    assert (builtin.softcap, fixed.softcap) == (None, 3.0)
-    assert builtin.mods.startswith("score_mod softcap:3")
+    assert (builtin.options.softcap, fixed.options.softcap) == (None, 3.0)
+    assert builtin.options.mods.startswith("score_mod softcap:3")
 
     def cap(score, b, h, q_idx, kv_idx):
         return 3.0 * np.tanh(score / 3.0)
