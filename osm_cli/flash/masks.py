@@ -174,6 +174,25 @@ def apply_masks(sc: np.ndarray, visible=None, mask=None, to=None, *,
     return sc
 
 
+def with_mask_mod(mask: np.ndarray | None, seen: np.ndarray | None) -> np.ndarray | None:
+    """A user's mask (attn_mask: booleans, True = attend, or floats added to the scores)
+    joined with a mask_mod's `seen` (booleans broadcastable to it): a key is seen when both let
+    it through, so a boolean mask is and-ed and a float mask becomes −inf where seen is False.
+    The one place the two meet: every loop (the tile walk's partial tiles, the one-shot
+    reference, the kernel presets, the backward, the tile map's probabilities) asks here, and
+    applies the result with the causal band and window in apply_masks.
+
+    Example: with_mask_mod(np.array([0.0, 1.0]), np.array([True, False])) -> [0., -inf]
+    """
+    if seen is None:
+        return mask
+    if mask is None:
+        return seen
+    if mask.dtype.kind == "b":
+        return mask & seen
+    return np.where(seen, mask, mask.dtype.type(-np.inf))
+
+
 @dataclass(frozen=True)
 class Band:
     """Which keys each query sees: lo(i) ≤ j ≤ hi(i), with i + offset on the key axis.
@@ -270,5 +289,5 @@ def check_mask(mask) -> np.ndarray | None:
 __all__ = [
     "Band", "alibi_bias", "apply_masks", "check_mask", "make_band", "mask_about", "scale_q",
     "score_tile",
-    "tile_kind",
+    "tile_kind", "with_mask_mod",
 ]

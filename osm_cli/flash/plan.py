@@ -39,6 +39,7 @@ from .masks import (
     scale_q,
     score_tile,
     tile_kind,
+    with_mask_mod,
 )
 from .mods import MaskMod, ScoreMod, TileMod
 from .options import Hooks, ScoreOptions, Tiling, check_alibi_reach
@@ -148,10 +149,7 @@ class Plan:
             return um
         idx = self.index(i0, i1, j0, j1, g0, g1)
         seen = np.broadcast_to(self.mask_mod(*idx), np.broadcast_shapes(*(x.shape for x in idx)))
-        seen = seen.reshape(seen.shape[0], g * (i1 - i0), j1 - j0)
-        if um is None or um.dtype.kind == "b":
-            return seen if um is None else um & seen
-        return np.where(seen, um, um.dtype.type(-np.inf))
+        return with_mask_mod(um, seen.reshape(seen.shape[0], g * (i1 - i0), j1 - j0))
 
     def index(self, i0: int, i1: int, j0: int, j1: int, g0: int = 0,
               g1: int | None = None) -> tuple[np.ndarray, ...]:

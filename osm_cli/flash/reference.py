@@ -25,7 +25,14 @@ import numpy as np
 from osm_cli.core.reference import logsumexp, max_abs_diff, stable_softmax
 
 from .forward import Attention
-from .masks import alibi_bias, check_score_range, make_band, scale_q, score_tile
+from .masks import (
+    alibi_bias,
+    check_score_range,
+    make_band,
+    scale_q,
+    score_tile,
+    with_mask_mod,
+)
 from .mods import MaskMod, ScoreMod, TileMod
 from .options import MASKED_LSE, ScoreOptions, check_alibi_reach, split_options
 from .packed import each_sequence, plan_packing, scatter_kv, scatter_lse, scatter_rows
@@ -120,9 +127,7 @@ class Mods:
             return mask
         b, h = self.heads
         seen = np.broadcast_to(self.mask_mod(*self.index(i0, i1, s)), (b, h, i1 - i0, s))
-        if mask is None or mask.dtype.kind == "b":
-            return seen if mask is None else mask & seen
-        return np.where(seen, mask, mask.dtype.type(-np.inf))
+        return with_mask_mod(mask, seen)
 
     def bias(self, i0: int, i1: int, s: int, dtype) -> np.ndarray | None:
         """ALiBi's bias for queries i0:i1 and every key: (B, H, i1 − i0, s)."""

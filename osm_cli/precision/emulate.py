@@ -42,6 +42,7 @@ from osm_cli.flash.forward import (
     packed_attention,
     run_q_tiles,
 )
+from osm_cli.flash.masks import apply_masks
 from osm_cli.flash.mods import about_mods
 from osm_cli.flash.options import split_options
 from osm_cli.flash.plan import Counts, Plan, make_plan, marked, q_groups, row_step, walk
@@ -298,11 +299,8 @@ def _q_tile(plan: Plan, ar: Arith, kernel: Preset, group: tuple[int, ...], out5,
         if kind == "skip":
             continue
         s = _scores(plan, ar, kernel, qt, i0, n, j0, j1, plan.softcap)
-        if kind == "partial" and plan.band is not None:
-            s = np.where(plan.visible(i0, i1, j0, j1), s, F32(-np.inf))
-        um = plan.mask_tile(i0, i1, j0, j1, partial=kind == "partial")
-        if um is not None:
-            s = np.where(um, s, F32(-np.inf))
+        vis = plan.visible(i0, i1, j0, j1) if kind == "partial" else None
+        s = apply_masks(s, vis, plan.mask_tile(i0, i1, j0, j1, partial=kind == "partial"))
         block_max = max_of(s, nan_free=True)  # S holds no NaN: the max, quicker
         m_new = np.maximum(m, block_max)
         safe = np.where(np.isneginf(m_new), F32(0), m_new)

@@ -23,7 +23,7 @@ import numpy as np
 from osm_cli.core.reference import stable_softmax
 from osm_cli.errors import InputError
 from osm_cli.flash.forward import ScoreOptions
-from osm_cli.flash.masks import make_band, scale_q, score_tile
+from osm_cli.flash.masks import make_band, scale_q, score_tile, with_mask_mod
 from osm_cli.flash.mods import TileMod
 from osm_cli.flash.options import Hooks, Tiling, split_options
 from osm_cli.flash.plan import make_plan, walk
@@ -110,10 +110,8 @@ def head_probabilities(
         i1 = min(nr, i0 + chunk)
         idx = (np.array(batch), np.array(head), np.arange(i0, i1)[:, None], np.arange(s))
         mm = None if um is None else um[batch, head, i0:i1]
-        if opts.mask_mod is not None:  # and-ed with the user's mask, as attention does
-            seen = np.broadcast_to(opts.mask_mod(*idx), (i1 - i0, s))
-            mm = seen if mm is None else mm & seen if mm.dtype.kind == "b" else np.where(
-                seen, mm, -np.inf)
+        if opts.mask_mod is not None:  # joined to the user's mask, as attention does
+            mm = with_mask_mod(mm, np.broadcast_to(opts.mask_mod(*idx), (i1 - i0, s)))
         sc = score_tile(scale_q(q4[batch, head, i0:i1], scale, np.float64), kT,
                         None if band is None else band.visible(i0, i1, 0, s), mm,
                         mod=None if opts.score_mod is None else TileMod(opts.score_mod, idx))

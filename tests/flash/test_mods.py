@@ -29,8 +29,20 @@ def _same(a, b):
     assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
 
 
+KEEP = np.random.default_rng(7).random((B, H, T, T)) < 0.8  # an attn_mask, True = attend
+
+
+def kept(b, h, q_idx, kv_idx):
+    """KEEP as a mask_mod."""
+    return KEEP[b, h, q_idx, kv_idx]
+
+
 FIXED = {  # the fixed options and their mod forms (FlexAttention's causal is top-left)
     "causal": ({"causal": True, "causal_align": "top-left"}, {"mask_mod": mods.causal()}),
+    "mask": ({"mask": KEEP}, {"mask_mod": kept}),
+    "causal, window and mask": (
+        {"causal": True, "causal_align": "top-left", "window": (10, 0), "mask": KEEP},
+        {"mask_mod": [mods.sliding(10), kept]}),
     "window": ({"causal": True, "causal_align": "top-left", "window": (10, 0)},
                {"mask_mod": mods.sliding(10)}),
     "softcap": ({"softcap": 2.0}, {"score_mod": mods.softcap(2.0)}),
@@ -56,7 +68,7 @@ def test_fixed_options_equal_their_mod_forms(name):
         assert np.allclose(x, y, rtol=0, atol=1e-13)
     ra, rb = reference(q, k, v, ScoreOptions(**fixed)), reference(q, k, v, ScoreOptions(**mod))
     assert np.array_equal(ra[0], rb[0])
-    if "mask_mod" in mod:
+    if name in ("causal", "window", "alibi"):
         assert b.tiles.partial == 7 + (6 if name == "window" else 0)  # the diagonal (+ edge)
 
 
@@ -263,3 +275,47 @@ def test_fa4s_softcap_is_its_softcap_score_mod(kernel):
     user = run_flash(model("bf16"), q, k, v, kernel=kernel, causal=True, score_mod=cap)
     assert (user.out == fixed.out).mean() > 0.9  # the GPU's tanh and numpy's differ in a few
     assert np.abs(user.out - fixed.out).max() <= 2.0**-7 * np.abs(fixed.out).max()
+
+
+def test_a_mask_mod_joins_a_float_attn_mask_in_every_loop():
+    """masks.with_mask_mod is where an attn_mask meets a mask_mod: a float mask (an added
+    bias) with a document mask_mod is, in the fused and textbook forward, the backward and
+    the reference, the float mask with −inf where the mask_mod hides a key, bit for bit; a
+    boolean one is and-ed (the fixed forms above)."""
+    from osm_cli.flash.masks import with_mask_mod
+
+    q, k, v, do = _qkv(8)
+    bias = np.random.default_rng(9).standard_normal((T, T))
+    seen = DOCS[:, None] == DOCS[None, :]
+    joined = np.where(seen, bias, -np.inf)
+    assert np.array_equal(with_mask_mod(bias, seen), joined)
+    assert np.array_equal(with_mask_mod(KEEP, seen), KEEP & seen)
+    assert with_mask_mod(None, seen) is seen and with_mask_mod(bias, None) is bias
+    mod, fixed = {"mask": bias, "mask_mod": mods.document(DOCS)}, {"mask": joined}
+    for fused in (True, False):
+        _same(attention(q, k, v, block_q=16, block_k=16, fused=fused, **mod),
+              attention(q, k, v, block_q=16, block_k=16, fused=fused, **fixed))
+    ga = attention_backward(q, k, v, do, block_q=16, block_k=16, **mod)
+    gb = attention_backward(q, k, v, do, block_q=16, block_k=16, **fixed)
+    for x, y in zip((ga.dq, ga.dk, ga.dv), (gb.dq, gb.dk, gb.dv), strict=True):
+        assert np.array_equal(x, y)
+    ra, rb = reference(q, k, v, ScoreOptions(**mod)), reference(q, k, v, ScoreOptions(**fixed))
+    assert np.array_equal(ra[0], rb[0]) and np.array_equal(ra[1], rb[1])
+
+
+@pytest.mark.parametrize("kernel", ["fa2", "fa4"])
+def test_presets_take_an_attn_mask_and_its_mask_mod_alike(kernel):
+    """A kernel preset's loop masks through the same join: an attn_mask with a window, and the
+    mask_mod holding both, give the same bits (the walk's kinds differ: the mask_mod's partial
+    tiles are where a key is hidden, the attn_mask's tiles count as full)."""
+    bf = ml_dtypes.bfloat16
+    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in _qkv(10))
+
+    def window(b, h, q_idx, kv_idx):
+        return np.abs(q_idx - kv_idx) <= 20
+
+    kw = dict(kernel=kernel, block_k=32, trace_at=None)
+    a = run_flash(model("bf16"), q, k, v, mask=KEEP, window=(20, 20), **kw)
+    b = run_flash(model("bf16"), q, k, v, mask_mod=[kept, window], **kw)
+    assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
+    assert (a.tiles_computed, a.tiles_skipped) == (b.tiles_computed, b.tiles_skipped)
