@@ -162,7 +162,7 @@ def test_trace_and_sweep_take_the_mods(files):
     assert max(r["max_abs_error"] for r in rows) < 1e-6
 
 
-def test_backward_traces_mark_full_and_partial_tiles(runner, files):
+def test_backward_traces_mark_full_and_partial_tiles(files):
     """osm backward under a mask_mod marks each traced tile as the forward's trace does (f a
     full tile, p a partial one: the block mask's walk), in both traces' tables at 80 columns
     and in the JSON; key 85 sits in K/V tile 5, which Q tile 5 sees in part (the diagonal)
@@ -172,7 +172,7 @@ def test_backward_traces_mark_full_and_partial_tiles(runner, files):
     base = ["backward", *args, "--block-q", "16", "--block-k", "16", "--query", "98", "--key",
             "85"]
     mm = ["--mask-mod", f"document:{files}/ids.npy", "--mask-mod", "causal"]
-    res = runner.invoke(app, [*base, *mm], env={"COLUMNS": "80"})
+    res = osm(*base, *mm, width=80)
     assert res.exit_code == 0, res.stderr
     legend = "block mask: f a full tile (no mask applied), p a partial one (masked)"
     assert res.stdout.count(legend) == 2
@@ -180,11 +180,11 @@ def test_backward_traces_mark_full_and_partial_tiles(runner, files):
               if len(ln.split()) > 2 and ln.split()[1] in ("f", "p")]
     assert marked == [["5", "p", "80:96"], ["6", "f", "96:100"],  # the key's Q tiles
                       ["4", "p", "64:80"], ["5", "f", "80:96"], ["6", "p", "96:100"]]
-    doc = json.loads(runner.invoke(app, [*base, *mm, "--json"]).stdout)
+    doc = json.loads(osm(*base, *mm, "--json", code=0).stdout)
     assert [s.get("kind") for s in doc["key_trace"]] == [None] * 5 + ["partial", "full"]
     assert [s.get("kind") for s in doc["query_trace"]] == [None] * 4 + ["partial", "full",
                                                                         "partial"]
-    plain = runner.invoke(app, [*base, "--causal"], env={"COLUMNS": "80"})
+    plain = osm(*base, "--causal", width=80)
     assert plain.exit_code == 0 and legend not in plain.stdout
-    assert all("kind" not in s for s in json.loads(runner.invoke(
-        app, [*base, "--causal", "--json"]).stdout)["query_trace"])
+    assert all("kind" not in s for s in json.loads(
+        osm(*base, "--causal", "--json", code=0).stdout)["query_trace"])

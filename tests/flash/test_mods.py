@@ -285,7 +285,7 @@ def test_a_mask_mod_joins_a_float_attn_mask_in_every_loop():
     boolean one is and-ed (the fixed forms above)."""
     from osm_cli.flash.masks import with_mask_mod
 
-    q, k, v, do = _qkv(8)
+    q, k, v, do = qkv(T, T, D, heads=(H, HK), b=B, seed=8, do=True, stream=True)
     bias = np.random.default_rng(9).standard_normal((T, T))
     seen = DOCS[:, None] == DOCS[None, :]
     joined = np.where(seen, bias, -np.inf)
@@ -310,7 +310,8 @@ def test_presets_take_an_attn_mask_and_its_mask_mod_alike(kernel):
     mask_mod holding both, give the same bits (the walk's kinds differ: the mask_mod's partial
     tiles are where a key is hidden, the attn_mask's tiles count as full)."""
     bf = ml_dtypes.bfloat16
-    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in _qkv(10))
+    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in qkv(T, T, D, heads=(H, HK), b=B, seed=10, do=True,
+                                                          stream=True))
 
     def window(b, h, q_idx, kv_idx):
         return np.abs(q_idx - kv_idx) <= 20
