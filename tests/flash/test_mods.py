@@ -310,8 +310,8 @@ def test_presets_take_an_attn_mask_and_its_mask_mod_alike(kernel):
     mask_mod holding both, give the same bits (the walk's kinds differ: the mask_mod's partial
     tiles are where a key is hidden, the attn_mask's tiles count as full)."""
     bf = ml_dtypes.bfloat16
-    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in qkv(T, T, D, heads=(H, HK), b=B, seed=10, do=True,
-                                                          stream=True))
+    drawn = qkv(T, T, D, heads=(H, HK), b=B, seed=10, do=True, stream=True)
+    q, k, v, _ = (x.astype(bf).astype(np.float32) for x in drawn)
 
     def window(b, h, q_idx, kv_idx):
         return np.abs(q_idx - kv_idx) <= 20
