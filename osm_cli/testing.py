@@ -20,7 +20,7 @@ from osm_cli.precision.names import KERNELS  # the kernel presets (precision/pre
 
 
 def assert_attention_close(
-    out, q, k, v, *, lse=None, dout=None, dq=None, dk=None, dv=None,
+    out, q, k, v, *, lse=None, dout=None, dq=None, dk=None, dv=None, dsink=None,
     softmax_scale: float | None = None, causal: bool = False,
     window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
@@ -38,7 +38,7 @@ def assert_attention_close(
     ----------
     out, q, k, v : array or torch tensor
         The kernel's output and inputs (torch tensors on any device are copied to numpy).
-    lse, dout, dq, dk, dv, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    lse, dout, dq, dk, dv, dsink, softmax_scale, causal, window_size, softcap, alibi_slopes,
     learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, layout, kv_layout,
     causal_align, attn_mask, dtype, kernel, mma, q_descale, k_descale, v_descale, grad_rule,
     rule, lse_base, probe, rules_table, top
@@ -78,7 +78,8 @@ def assert_attention_close(
     arrays = {n: as_numpy(x, n) for n, x in (
         ("out", out), ("q", q), ("k", k), ("v", v), ("lse", lse), ("dout", dout if do is None
                                                                    else do),
-        ("dq", dq), ("dk", dk), ("dv", dv), ("attn_mask", attn_mask if mask is None else mask),
+        ("dq", dq), ("dk", dk), ("dv", dv), ("dsink", dsink),
+        ("attn_mask", attn_mask if mask is None else mask),
         ("alibi_slopes", alibi_slopes), ("learnable_sink", learnable_sink),
         ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))}
     rep = check(

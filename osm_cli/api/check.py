@@ -16,7 +16,7 @@ from .keywords import descale, documented, scores_of
 
 @documented()
 def check(
-    q, k, v, out, *, lse=None, dout=None, dq=None, dk=None, dv=None,
+    q, k, v, out, *, lse=None, dout=None, dq=None, dk=None, dv=None, dsink=None,
     softmax_scale: float | None = None, causal: bool = False,
     window_size: tuple | None = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
@@ -41,6 +41,9 @@ def check(
         (B, N, H)), (H, total_q) for a varlen batch.
     dout, dq, dk, dv : array, optional
         The upstream gradient and the kernel's gradients for it (any of dq, dk, dv).
+    dsink : array (H,), optional
+        The kernel's gradient of learnable_sink for dout, judged as FlashAttention-4's tests
+        do (2·plain error + 2 float32 ulps).
     {score}
     dtype : str, optional
         The kernel's dtype ("bf16", "fp16", "e4m3", …); None: out's own.
@@ -88,7 +91,8 @@ def check(
 
     opts = scores_of(locals())
     return judge(out, q, k, v, dtype if dtype is not None else output_dtype(np.asarray(out), "out"),
-                 lse=lse, do=dout, dq=dq, dk=dk, dv=dv, top=top, with_model=with_model,
+                 lse=lse, do=dout, dq=dq, dk=dk, dv=dv, dsink=dsink, top=top,
+                 with_model=with_model,
                  grad_rule=grad_rule, opts=opts, kernel=kernel, mma=mma or "blas",
                  descale=descale(q_descale, k_descale, v_descale), rule=rule,
                  lse_base=lse_base, probe=probe, rules_table=rules_table)

@@ -32,7 +32,7 @@ TENSOR_NAMES = {
     "out": ("out", "o", "output", "attn_out"), "q": ("q", "query"), "k": ("k", "key", "k_cache"),
     "v": ("v", "value", "v_cache"), "lse": ("lse", "softmax_lse", "logsumexp"),
     "do": ("do", "dout", "grad_out", "d_out"), "dq": ("dq", "grad_q"), "dk": ("dk", "grad_k"),
-    "dv": ("dv", "grad_v"),
+    "dv": ("dv", "grad_v"), "dsink": ("dsink", "dlearnable_sink", "grad_sink"),
 }
 
 
@@ -197,7 +197,7 @@ def load_kernel_tensors(files: list[str], lse: str | None, input_dtype: str | No
             raise InputError(f"{files[0]} holds its own {key}; `{key}` gives another: give one")
         t[key] = load_array(Path(path), mmap=False, raw_as=input_dtype)
         where[key] = path
-    for key in ("out", "lse", "do", "dq", "dk", "dv"):
+    for key in ("out", "lse", "do", "dq", "dk", "dv", "dsink"):
         if key in t:
             check_real(t[key], where[key])
     return {**t, "name": name}

@@ -24,7 +24,7 @@ from osm_cli.errors import InputError, ShapeError
 from . import tensorfile
 
 TENSOR_SUFFIXES = (".npy", ".npz", tensorfile.SUFFIX)
-BUNDLE_NAMES = ("out", "q", "k", "v", "lse", "do", "dq", "dk", "dv")  # a kernel's tensors
+BUNDLE_NAMES = ("out", "q", "k", "v", "lse", "do", "dq", "dk", "dv", "dsink")  # a kernel's tensors
 _SEP = re.compile(r"[,;\s]+")
 
 

@@ -112,7 +112,8 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
                    f"{tuple(ref_lse.shape)}")
 
 
-def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, top: int = 5,
+def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, dsink=None,
+          top: int = 5,
           with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
           kernel: str | None = None, mma: str = "blas", descale=None, rule: str = "fa",
           lse_base: str = "e", probe: bool = True, rules_table: bool = False,
@@ -122,7 +123,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     dtype is a dtype or its name ("fp16", "bfloat16", …). opts (or its fields as keywords:
     causal, scale, layout, causal_align, window, mask) as attention's. dq, dk, dv (any of them)
     are the kernel's gradients for the upstream gradient do, judged by FlashAttention's backward
-    rule `grad_rule` (gradcheck.GRAD_RULES). kernel names the preset whose model runs beside
+    rule `grad_rule` (gradcheck.GRAD_RULES); dsink, the sinks' gradient (one per query head),
+    by FlashAttention-4's (gradcheck._sink_check). kernel names the preset whose model runs beside
     (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its
     matmuls round (emulate.MMAS). descale (emulate.Descale, FP8): q, k, v hold x / descale;
     the reference and plain attention see x, the model takes the factors as the kernel does.
@@ -146,12 +148,13 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     kname = kernel or default_kernel(dtype_name(dt), opts)
     preset_refusals(kname, descale=descale, dtype=dtype_name(dt), mma=mma)  # with the model or not
-    given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv)) if g is not None}
+    given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv), ("dsink", dsink))
+             if g is not None}
     if given and do is None:
         raise OsmError("judging gradients needs dO, the upstream gradient they were computed "
                        "for")
     if do is not None and not given:
-        raise OsmError("dO was given but no gradient to judge (dQ, dK or dV)")
+        raise OsmError("dO was given but no gradient to judge (dQ, dK, dV or dsink)")
     arrays = {"Q": q, "K": k, "V": v, **({} if do is None else {"dO": do})}
     rounded, notes = round_inputs(arrays, dt)
     q, k, v = rounded[:3]

@@ -1,5 +1,5 @@
 """What osm check says beyond FlashAttention's rule: one verdict per tensor (out, lse, dq, dk,
-dv) under the chosen rule (fa or model), the exact zero of the rows that see no key, the
+dv, dsink) under the chosen rule (fa or model), the exact zero of the rows that see no key, the
 per-head bias, and on a failure where the failing rows are (locate.py) and which other
 convention the kernel fits (probe.py).
 
@@ -84,8 +84,8 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     cu_q = None if view != "packed" else p.cu_seqlens_q
     cu_k = p.cu_seqlens_k if view_of(opts, "k") == "packed" else None
 
-    def judge(name, fa: Rule, err64: float, model_err, rows, reasons=()):
-        r = fa if rule == "fa" else model_rule(err64, model_err, kname or "kernel")
+    def judge(name, fa: Rule, err64: float, model_err, rows, reasons=(), floor=0.0):
+        r = fa if rule == "fa" else model_rule(err64, model_err, kname or "kernel", floor)
         over = ~(rows <= r.bound)
         return r, over, bool(r.passed and not reasons)
 
@@ -112,13 +112,18 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
         verdicts.append(["lse", r, vd.lse, ok, ()])
         overs["lse"] = over
     for g in rep.grads:
-        r, over, ok = judge(g.name, g.rule, g.err64, g.model_err, g.row_err)
+        r, over, ok = judge(g.name, g.rule, g.err64, g.model_err, g.row_err, floor=g.floor)
         verdicts.append([g.name, r, g.rule, ok, ()])
         overs[g.name] = over
     failing = {name: _worst_heads(overs[name], _row_score(name, row_err, lse_err, rep, view))
                for name, _, _, ok, _ in verdicts if not ok}
     locations = {}
     for name in failing:
+        if name == "dsink":  # one value per query head: its failing heads say where
+            loc = locate(overs[name], name, rows="query")
+            locations[name] = replace(loc, patterns=tuple(
+                p for p in loc.patterns if "row" not in p and "tile" not in p))
+            continue
         key_rows = name in ("dk", "dv")
         locations[name] = locate(overs[name], name, rows="key" if key_rows else "query",
                                  block=bk if key_rows else bq, cu_seqlens=cu_k if key_rows
@@ -187,6 +192,11 @@ def _case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing, given) -
         refs["lse"] = lse_rows(ref_lse, view)
         bounds["lse"] = rep.verdict.lse.bound
     for g in rep.grads:
+        if g.name == "dsink":  # per head, no rows: only the factor per head is tried
+            got[g.name] = np.asarray(given[g.name], dtype=np.float64).reshape(1, -1, 1)
+            refs[g.name] = np.asarray(g.ref_d).reshape(1, -1, 1)
+            bounds[g.name] = g.rule.bound
+            continue
         kv = "q" if g.name == "dq" else "k"
         gv = given[g.name]
         got[g.name] = rows_view(np.asarray(gv, dtype=np.float64), view_of(opts, kv))

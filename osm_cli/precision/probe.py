@@ -95,7 +95,7 @@ def probe(case: Case) -> Probe:
             tried += _lse_probes(case, hs)
         elif tensor == "out" and case.dense and case.k.shape[2]:
             tried += _out_probes(case, hs)
-        if tensor != "lse":  # a factor on the LSE is its base (above)
+        if tensor not in ("lse", "dsink"):  # the LSE's factor is its base; dsink: one value a head
             tried += _scaled(case, tensor, hs)
     return Probe(tuple(tried), tuple(sorted(heads)))
 
@@ -326,7 +326,8 @@ def _scaled(case: Case, tensor: str, hs) -> list[Finding]:
         c = float((g[f] * r[f]).sum()) / rr
         if abs(c - 1) < 1e-6:
             continue
-        label = {"out": "output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}[tensor]
+        label = {"out": "output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV",
+                 "dsink": "dsink"}[tensor]
         why = ""
         p = 1 - 1 / c if c > 1 else None
         if p is not None and abs(p * 20 - round(p * 20)) < 0.02 and round(p * 20):

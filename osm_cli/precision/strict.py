@@ -24,15 +24,19 @@ BIAS_MODEL = 4.0  # … and this many times the model's own bias in that head
 BIAS_FLOOR = 1e-4  # … and at least this relative bias
 
 
-def model_rule(err: float, model_err: float | None, kernel: str = "the kernel") -> Rule:
-    """err ≤ 1.25 × the model's error (both against float64); a NaN error fails."""
+def model_rule(err: float, model_err: float | None, kernel: str = "the kernel",
+               floor: float = 0.0) -> Rule:
+    """err ≤ 1.25 × the model's error (both against float64), or ≤ floor where that is larger
+    (a gradient that is exactly 0: gradcheck.cancel_floor); a NaN error fails."""
     if model_err is None or not math.isfinite(model_err):
         return Rule(err, math.nan, 0.0, math.inf, False,
                     "the model rule needs osm's model of the kernel (it was not run)",
                     MODEL_FACTOR, 0.0)
-    bound = MODEL_FACTOR * model_err
+    bound = max(MODEL_FACTOR * model_err, floor)
     return Rule(err, model_err, 0.0, bound, bool(err <= bound), f"{MODEL_FACTOR:g}× osm's "
-                f"{kernel} model", MODEL_FACTOR, 0.0)
+                f"{kernel} model" + (", or float32's rounding of the cancelling terms, the "
+                                     "exact gradient being 0" if bound == floor > 0 else ""),
+                MODEL_FACTOR, 0.0)
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ def grads_report(rep, top: int) -> list:
     w = rep.worst_grad
     rows.append(("verdict, all", pass_fail(rep.passed)))
     t = kv_table(rows)
-    what = "query" if w.name == "dq" else "key"
+    what = {"dq": "query", "dsink": "row"}.get(w.name, "key")
     worst = Table(title=f"worst {min(top, len(w.rows))} rows of {w.label} (nearest its bound)",
                   box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for c in ("batch", "head", what, f"max |{w.label} − ref|", "ulps"):

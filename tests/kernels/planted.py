@@ -241,6 +241,26 @@ def _backward(q, k, v, out, lse, dout, softmax_scale=None, causal=False, *, bug=
             dv.transpose(0, 2, 1, 3).astype(dt))
 
 
+SINK_BUGS = {"dsink_head": "multiplies head 0's dsink by 1.1",
+             "dsink_sign": "returns +Σ exp(sink − LSE)·D, the sinks' gradient with its sign lost"}
+
+
+def sink_backward(out, lse, dout, learnable_sink, *, bug: str | None = None) -> np.ndarray:
+    """dsink of a dense (B, N, H, d) batch, as FA4 computes it (float32): −Σ over the batch and
+    the rows of exp(sink − LSE)·D, D = rowsum(dO ∘ O), the LSE holding the sink; `bug` one of
+    SINK_BUGS. (dQ, dK, dV need nothing more: _backward's P = exp(S − LSE) leaves the sink out.)"""
+    if bug is not None and bug not in SINK_BUGS:
+        raise ValueError(f"unknown sink bug {bug!r}; known: {', '.join(SINK_BUGS)}")
+    delta = (_f32(dout) * _f32(out)).sum(-1).transpose(0, 2, 1)  # (B, H, N)
+    p_sink = np.exp(_f32(learnable_sink)[None, :, None] - _f32(lse))
+    dsink = -(p_sink * delta).sum(axis=(0, 2), dtype=np.float32)
+    if bug == "dsink_head":
+        dsink[0] *= np.float32(1.1)
+    if bug == "dsink_sign":
+        dsink = -dsink
+    return dsink.astype(np.float32)
+
+
 def _declare(fn, features: str):
     fn.osm_features = features
     return fn
