@@ -337,7 +337,7 @@ def test_default_kernel_takes_the_runs_options():
 
 def test_check_of_a_sink_bundle_models_fa4():
     """FA4's sink capture judged as bf16 without --kernel: the model beside it is fa4's (fa2
-    takes no sinks), bit for bit the kernel's error, and the gradients are judged too."""
+    takes no sinks), bit for bit the kernel's error, and the gradients (dsink too) are judged."""
     r = osm("check", "samples/kernels/fa4_sink_bf16.npz", "--layout", "bnhd",
             "--dtype", "bf16", "--json")
     assert r.exit_code == 0, r.output
@@ -345,7 +345,9 @@ def test_check_of_a_sink_bundle_models_fa4():
     assert doc["kernel"] == "fa4"
     assert doc["model_max_err_vs_fp64"] == doc["verdict"]["max_err_vs_fp64"]  # the same bits
     assert doc["model_max_err_vs_fp64"] == pytest.approx(0.0011486410455561757, rel=1e-12)
-    assert doc["passed"] is True and len(doc["gradients"]) == 3
+    assert doc["passed"] is True
+    # dQ, dK, dV and the sink's gradient, captured from the kernel beside them
+    assert [g["gradient"] for g in doc["gradients"]] == ["dq", "dk", "dv", "dsink"]
 
 
 def test_check_of_the_combo_bundle_with_its_gradients():

@@ -150,8 +150,8 @@ def test_a_broken_safetensors_file_is_one_error_line(tmp_path, kernel):
     r = osm("attention", tmp_path / "q.safetensors")
     assert r.exit_code == 1
     assert r.stderr == (f"Error: {tmp_path / 'q.safetensors'}: has no array 'k' (it has q; a "
-                        "kernel's tensors are named out, q, k, v, lse, do, dq, dk, dv; k may "
-                        "also be key, k_cache)\n")
+                        "kernel's tensors are named out, q, k, v, lse, do, dq, dk, dv, dsink; k "
+                        "may also be key, k_cache)\n")
 
 
 # ---------------------------------------------------------------------------------------------
