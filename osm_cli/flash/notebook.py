@@ -93,24 +93,30 @@ def attention_tables(res) -> list[Table]:
 
         head = ("tile max", "m", "α", "l", o_head, "‖O‖")
         if len(res.trace.rows) > 1:  # a line per row under each tile: the vectors of a Q tile
-            shown, note = elided(range(min(map(len, res.trace.rows))), "tiles")
-            cells = []
-            for k in shown:
-                if k is None:
-                    cells.append(("⋮",) * 9)
-                    continue
-                for n, (qi, tr) in enumerate(zip(res.trace.queries, res.trace.rows, strict=True)):
-                    cells.append((*(where(tr[k]) if n == 0 else ("", "")), str(qi),
-                                  *state(tr[k])))
+            cells, note = _row_lines(res.trace, where, state, 9)
             tables.append(Table(f"trace of batch {b}, head {h}, {_queries(res.trace.queries)}: "
                                 "start m = -inf, l = 0, O = 0 (a line per row under each tile)",
-                                ("tile", "keys", "query", *head), tuple(cells), note))
+                                ("tile", "keys", "query", *head), cells, note))
             return tables
         shown, note = elided(res.trace.steps, "tiles")
         cells = [("⋮",) * 8 if s is None else (*where(s), *state(s)) for s in shown]
         tables.append(Table(f"trace of batch {b}, head {h}, query {i}: start m = -inf, l = 0, "
                             "O = 0", ("tile", "keys", *head), tuple(cells), note))
     return tables
+
+
+def _row_lines(trace, where, state, width: int) -> tuple[tuple, str | None]:
+    """Several traced rows' cells: under each tile (where(step) on its first line only) a line
+    per row, its query and state(step); the elision's ⋮ lines `width` cells wide."""
+    shown, note = elided(range(min(map(len, trace.rows))), "tiles")
+    cells = []
+    for k in shown:
+        if k is None:
+            cells.append(("⋮",) * width)
+            continue
+        for n, (qi, tr) in enumerate(zip(trace.queries, trace.rows, strict=True)):
+            cells.append((*(where(tr[k]) if n == 0 else ("", "")), str(qi), *state(tr[k])))
+    return tuple(cells), note
 
 
 def _queries(queries) -> str:
@@ -153,21 +159,14 @@ def backward_tables(res) -> list[Table]:
                     "over the Q tiles, start 0", ("Q tile", "rows", "P max", "Σ dS", "‖dK_j‖",
                                              "‖dV_j‖"), key_rows, key_note)]
     if len(res.trace.rows) > 1:  # a line per traced row under each K/V tile
-        shown, note = elided(range(min(map(len, res.trace.rows))), "tiles")
-        cells = []
-        for k in shown:
-            if k is None:
-                cells.append(("⋮",) * 6)
-                continue
-            for n, (qi, tr) in enumerate(zip(res.trace.queries, res.trace.rows, strict=True)):
-                s = tr[k]
-                cells.append((*((str(s.block), f"{s.start}:{s.stop}") if n == 0 else ("", "")),
-                              str(qi), *(("skipped", "") if s.masked else (
-                                  num(s.p_max, 8), num(s.ds_sum, 8))), num(s.dq_norm, 8)))
+        cells, note = _row_lines(
+            res.trace, lambda s: (str(s.block), f"{s.start}:{s.stop}"),
+            lambda s: (*(("skipped", "") if s.masked else (num(s.p_max, 8), num(s.ds_sum, 8))),
+                       num(s.dq_norm, 8)), 6)
         tables.append(Table(f"{_queries(res.trace.queries)} of batch {b}, head {h}: dQ_i over "
                             "the K/V tiles, start 0 (a line per row under each tile)",
                             ("K/V tile", "keys", "query", "P max", "Σ dS", "‖dQ_i‖"),
-                            tuple(cells), note))
+                            cells, note))
         return tables
     query_rows, query_note = trace(res.trace.steps, False)
     tables.append(Table(f"query {i} of batch {b}, head {h}: dQ_i over the K/V tiles, start 0",
