@@ -5,7 +5,8 @@ compares them over a sweep of every exponent and sign).
 
 - `ex2(x, hi, lo, packed, out)`: ex2.approx.ftz.f32 of x (float32, C-contiguous, flat) into
   out, from the measured tables in gpu_approx.ex2_compact's form (gpu_approx.py's docstring:
-  the fixed-point split).
+  the fixed-point split). Its three steps (`fixed_point`, `lookup`, `result`) are inlined
+  into _bwd_numba.py's pass over a backward tile as well.
 
 Measured (2-core EPYC, AVX-512, 65 536 fresh inputs a call as a backward tile's): the numpy
 path over the whole tables (2 × 32 MB, every lookup a cache miss) took ~35 ns an input; this
@@ -29,6 +30,38 @@ FIXED = 2.0**23  # |x|'s fixed point: 23 fraction bits
 BLOCK = 512  # inputs a pass
 
 
+@njit(boundscheck=False, nogil=True, cache=True, inline="always")
+def fixed_point(v):
+    """|v| as fixed point with 23 fraction bits, truncated (0 from 256 on: out of range)."""
+    a = abs(np.float64(v))
+    return np.int64(a * FIXED) if a < 256.0 else np.int64(0)  # a ≥ 0: trunc is floor
+
+
+@njit(boundscheck=False, nogil=True, cache=True, inline="always")
+def lookup(fx, vbits, hi, lo, packed):
+    """The table's value at fx's fraction as float32 bits (the prediction's product plus its
+    2-bit difference), for an input whose bits are vbits."""
+    f = fx & 0x7FFFFF
+    row = np.int64(vbits >= 0)
+    pred = np.float32(hi[row, f >> 12] * lo[row, f & 4095])
+    diff = (np.int32(packed[row, f >> 2]) >> np.int32((f & 3) * 2)) & np.int32(3)
+    return np.int32(_bits(pred) + diff - np.int32(2))
+
+
+@njit(boundscheck=False, nogil=True, cache=True, inline="always")
+def result(v, vbits, fx, vb):
+    """ex2(v) from its fixed point fx and the table's value (bits vb): vb·2^±i."""
+    minus = vbits < 0
+    i = np.int32(fx >> 23)
+    i = np.int32(-i) if minus else i
+    e = np.int32((vb >> 23) + i)
+    r = _float(np.int32(vb + (i << 23)))
+    r = np.float32(0.0) if e < 1 else r
+    r = np.float32(np.inf) if e >= 255 else r
+    r = r if abs(np.float64(v)) < 256.0 else (np.float32(0.0) if minus else np.float32(np.inf))
+    return v if v != v else r  # NaN: itself
+
+
 @njit(boundscheck=False, nogil=True, cache=True)
 def ex2(x, hi, lo, packed, out) -> None:
     """out[i] = ex2.approx.ftz.f32(x[i]) (gpu_approx.ex2_numpy's arithmetic, element by
@@ -44,28 +77,11 @@ def ex2(x, hi, lo, packed, out) -> None:
     for s in range(0, x.size, BLOCK):
         m = min(BLOCK, x.size - s)
         for j in range(m):
-            a = abs(np.float64(x[s + j]))
-            fx = np.int64(a * FIXED) if a < 256.0 else np.int64(0)  # a ≥ 0: trunc is floor
-            fixed[j] = fx
+            fixed[j] = fixed_point(x[s + j])
         for j in range(m):
-            f = fixed[j] & 0x7FFFFF
-            row = np.int64(bits[s + j] >= 0)
-            pred = np.float32(hi[row, f >> 12] * lo[row, f & 4095])
-            diff = (np.int32(packed[row, f >> 2]) >> np.int32((f & 3) * 2)) & np.int32(3)
-            got[j] = np.int32(_bits(pred) + diff - np.int32(2))
+            got[j] = lookup(fixed[j], bits[s + j], hi, lo, packed)
         for j in range(m):
-            v = x[s + j]
-            minus = bits[s + j] < 0
-            i = np.int32(fixed[j] >> 23)
-            i = np.int32(-i) if minus else i
-            vb = got[j]
-            e = np.int32((vb >> 23) + i)
-            r = _float(np.int32(vb + (i << 23)))
-            r = np.float32(0.0) if e < 1 else r
-            r = np.float32(np.inf) if e >= 255 else r
-            r = r if abs(np.float64(v)) < 256.0 else (
-                np.float32(0.0) if minus else np.float32(np.inf))
-            out[s + j] = v if v != v else r  # NaN: itself
+            out[s + j] = result(x[s + j], bits[s + j], fixed[j], got[j])
 
 
-__all__ = ["ex2"]
+__all__ = ["BLOCK", "ex2", "fixed_point", "lookup", "result"]

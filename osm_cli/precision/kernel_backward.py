@@ -13,7 +13,9 @@ Per (Q tile, K/V tile) pair, in float32 as the kernels hold it:
 D = rowsum(dO ∘ O) in the kernel's order (`delta`): each thread sums its 8-column chunks in
 turn, then the threads of a row in a butterfly (FA2: offsets from half the threads down; FA4:
 from 1 up). At the end dQ·scale and dK·scale (FA4 under GQA: each kv head's group summed in
-float32 first), rounded to the dtype.
+float32 first), rounded to the dtype. Where numba is installed, P, dS and their bfloat16
+operands come from one compiled pass over the tile (_bwd_numba.py, the same bits as the numpy
+arithmetic here, which stays for the rest: FA4's softcap, other Ops, no numba).
 
 Leaves out: the loop, the masks and the traces (flash/backward.py), FA2's softcap and ALiBi
 (PyTorch's build has neither), score_mods, dsink (osm's formula), FP8.
@@ -30,7 +32,13 @@ import numpy as np
 from osm_cli.core.backward import GradUpdate
 from osm_cli.flash.masks import apply_masks
 
+from . import gpu_approx
+from .dtypes import DTYPES
 from .gpu_ops import F32, LOG2E, Ops, fma, matmul
+from .mma import HAVE_NUMBA
+from .model import Model
+
+BF16 = DTYPES["bfloat16"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,10 @@ class KernelBackward:
             s = (cap * pre).astype(F32)
         s = apply_masks(s, visible, mask)
         c = F32(LOG2E) if softcap is not None else self._c(scale)
+        if pre is None and self._compiled():  # P, dS and their roundings in one pass
+            dp = matmul(do, np.swapaxes(v, -1, -2), self.mma)
+            p, ds, pr, dsr = _p_ds(s, lse, d, dp, c, self.exp == "fma", p_round, ds_round)
+            return self._products(q, k, do, p, ds, pr, dsr, dp, heads, dk, dv)
         with np.errstate(invalid="ignore", over="ignore"):
             ls = (np.asarray(lse, F32) * F32(LOG2E)).astype(F32)[..., None]
             if self.exp == "unfused":
@@ -109,8 +121,13 @@ class KernelBackward:
             ds = (ds * factor).astype(F32)
         pr = p if p_round is None else p_round(p.copy())
         dsr = ds if ds_round is None else ds_round(ds.copy())
+        return self._products(q, k, do, p, ds, pr, dsr, dp, heads, dk, dv)
+
+    def _products(self, q, k, do, p, ds, pr, dsr, dp, heads, dk, dv) -> GradUpdate:
+        """The tile's dQ share and the new dV, dK accumulators from P, dS and their 16-bit
+        operands pr, dsr."""
         dq = matmul(dsr, k.astype(F32, copy=False), self.mma)
-        lead, rows = s.shape[:-2], s.shape[-2]
+        lead, rows = p.shape[:-2], p.shape[-2]
         per = rows // heads
 
         def by_head(x):
@@ -119,6 +136,12 @@ class KernelBackward:
         new_dv = matmul(np.swapaxes(by_head(pr), -1, -2), by_head(do), self.mma, dv)
         new_dk = matmul(np.swapaxes(by_head(dsr), -1, -2), by_head(q), self.mma, dk)
         return GradUpdate(p, ds, new_dv, new_dk, dq, dp)
+
+    def _compiled(self) -> bool:
+        """Whether P and dS take the compiled pass (_bwd_numba.py): numba installed, the
+        H200's ex2 (the default Ops) from its compact tables, FA2's or FA4's exponent."""
+        return (HAVE_NUMBA and self.ops.ex2 is gpu_approx.ex2 and self.exp in ("unfused", "fma")
+                and gpu_approx.ex2_compact() is not None)
 
     def _c(self, scale: float) -> np.float32:
         if self.scale_c == "f64":
@@ -132,6 +155,36 @@ class KernelBackward:
         for h in range(1, x.shape[1]):
             acc = (acc + x[:, h]).astype(acc.dtype)
         return acc
+
+
+def _p_ds(s, lse, d, dp, c, fused: bool, p_round, ds_round):
+    """P, dS, P's and dS's 16-bit operands of step's numpy arithmetic (no softcap), by the
+    compiled pass; bfloat16's rounding (a Model's round_p) there too, other rounders after."""
+    from ._bwd_numba import p_ds
+
+    shape = s.shape
+    keys = shape[-1]
+    s2 = np.ascontiguousarray(s, F32).reshape(-1, keys)
+    dp2 = np.ascontiguousarray(dp, F32).reshape(-1, keys)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ls = (np.asarray(lse, F32) * F32(LOG2E)).astype(F32).reshape(-1)
+    d1 = np.ascontiguousarray(d, F32).reshape(-1)
+    bf16 = _is_bf16(p_round) and _is_bf16(ds_round)
+    p, ds = np.empty_like(s2), np.empty_like(s2)
+    pr, dsr = (np.empty_like(s2), np.empty_like(s2)) if bf16 else (p, ds)
+    nan = p_ds(s2, ls, d1, dp2, c, fused, *gpu_approx.ex2_compact(), p, ds, pr, dsr, bf16)
+    p, ds, pr, dsr = (x.reshape(shape) for x in (p, ds, pr, dsr))
+    if nan or not bf16:  # NaN's bits, other rounders: numpy's casts
+        pr = p if p_round is None else p_round(p.copy())
+        dsr = ds if ds_round is None else ds_round(ds.copy())
+    return p, ds, pr, dsr
+
+
+def _is_bf16(rnd) -> bool:
+    """Whether rnd is a Model's round_p to bfloat16 (the compiled pass's own rounding)."""
+    owner = getattr(rnd, "__self__", None)
+    return (isinstance(owner, Model) and getattr(rnd, "__func__", None) is Model.round_p
+            and owner.dtype == BF16)
 
 
 def _hdim(d: int) -> int:

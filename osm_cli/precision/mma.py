@@ -33,6 +33,7 @@ Example: tensor_core(np.float32([[1, 2**-30]]), np.float32([[1], [1]])) -> [[1.0
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import numpy as np
 
@@ -56,14 +57,11 @@ def tensor_core(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     shape = (*lead, m, n)
-    g = int(np.prod(lead, dtype=np.int64))
-    a3 = np.ascontiguousarray(np.broadcast_to(a, (*lead, m, k))).reshape(g, m, k)
-    b3 = np.ascontiguousarray(np.broadcast_to(b, (*lead, k, n))).reshape(g, k, n)
-    if c is None:
-        c3 = np.zeros((g, m, n), dtype=np.float32)
-    else:
-        c3 = np.ascontiguousarray(np.broadcast_to(np.asarray(c, dtype=np.float32), shape),
-                                  dtype=np.float32).reshape(g, m, n)
+    g = math.prod(lead)
+    a3 = _stack(a, (*lead, m, k), g)
+    b3 = _stack(b, (*lead, k, n), g)
+    c3 = np.zeros((g, m, n), dtype=np.float32) if c is None else _stack(
+        np.asarray(c, dtype=np.float32), shape, g)
     out = np.empty((g, m, n), dtype=np.float32)
     if g and m and n:
         if k == 0:
@@ -71,6 +69,14 @@ def tensor_core(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np
         else:
             kern.mma(a3, b3, c3, out)
     return out.reshape(shape)
+
+
+def _stack(x: np.ndarray, shape: tuple, g: int) -> np.ndarray:
+    """x broadcast to shape, C-contiguous, its leading axes as one of g (x itself where it is
+    already so)."""
+    if x.shape != shape:
+        x = np.broadcast_to(x, shape)
+    return np.ascontiguousarray(x).reshape(g, *shape[-2:])
 
 
 def tensor_core_numpy(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:

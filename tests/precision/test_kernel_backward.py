@@ -14,10 +14,12 @@ from osm_cli.errors import InputError
 from osm_cli.flash.backward import attention_backward
 from osm_cli.flash.options import Hooks, ScoreOptions, split_options
 from osm_cli.precision import gpu_libm
+from osm_cli.precision import kernel_backward as kernel_backward_module
 from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.dtypes import DTYPES, ulp
 from osm_cli.precision.gpu_ops import fma
 from osm_cli.precision.kernel_backward import kernel_backward
+from osm_cli.precision.mma import HAVE_NUMBA
 from osm_cli.precision.model import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +149,65 @@ def test_kernel_hook_takes_no_alibi():
     fb = flash_backward(model("bf16"), q, k, v, do, opts=opts, trace_at=None, kernel="fa2",
                         mma="tensor-core")
     assert np.isfinite(fb.dq).all()
+
+
+# --- the compiled pass for P and dS (_bwd_numba.py) against numpy's -----------------------------
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("kernel", ["fa2", "fa4"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("nan", [False, True])
+def test_compiled_p_and_ds_are_numpys_bits(kernel, dtype, nan, monkeypatch):
+    """One tile pair's P, dS, dQ share and new dK, dV accumulators: the compiled pass (P, dS
+    and bfloat16's rounding in one loop) gives numpy's arithmetic's bits, on scores that reach
+    every branch: a masked row (LSE +inf), masked keys, P underflowing to 0, P = +inf and
+    dS = NaN (an LSE far below its row's scores, dP − D = 0: numpy rounds that tile), a tile
+    wider than one pass of rows."""
+    rng = np.random.default_rng(5)
+    m = model(dtype)
+    cast = DTYPES["bfloat16" if dtype == "bf16" else "float16"]
+    g, rows, keys, d = 2, 48, 80, 32
+    q, do = (rng.standard_normal((1, g * rows, d)).astype(cast).astype(F32) for _ in range(2))
+    k, v = ((4 * rng.standard_normal((1, keys, d))).astype(cast).astype(F32) for _ in range(2))
+    lse = rng.uniform(0, 30, (1, g * rows)).astype(F32)
+    lse[0, 3], lse[0, 7] = np.inf, -200.0  # a masked row; one whose P overflows
+    delta = rng.standard_normal((1, g * rows)).astype(F32)
+    if nan:
+        do[0, 7], delta[0, 7] = 0, 0  # dP − D = 0 where P is +inf: dS NaN
+    visible = rng.random((g * rows, keys)) > 0.3
+    acc = [rng.standard_normal((1, g, keys, d)).astype(F32) for _ in range(2)]
+    kb = kernel_backward(kernel, "tensor-core")
+
+    def run():
+        return kb.step(q, k, v, do, lse, delta, scale=d**-0.5, heads=g, dk=acc[0], dv=acc[1],
+                       visible=visible, p_round=m.p_round, ds_round=m.p_round)
+
+    assert kb._compiled()
+    with np.errstate(invalid="ignore", over="ignore"):
+        fast = run()
+        monkeypatch.setattr(kernel_backward_module, "HAVE_NUMBA", False)
+        assert not kb._compiled()
+        slow = run()
+    assert np.isinf(slow.p).any() and np.isnan(slow.ds).any() == nan and (slow.p == 0).any()
+    for name in ("p", "ds", "dp", "dq", "dk", "dv"):
+        a, b = getattr(fast, name), getattr(slow, name)
+        assert a.shape == b.shape and a.tobytes() == b.tobytes(), name
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed")
+def test_compiled_bfloat16_rounding_is_ml_dtypes():
+    """The compiled pass's bfloat16 (to nearest even on the bits) against ml_dtypes' cast: every
+    tie (low 16 bits 0x8000) of a sweep of exponents, its neighbours, subnormals, the largest
+    finite values (rounding up to inf), ±inf, ±0."""
+    from numba import njit
+
+    from osm_cli.precision._bwd_numba import _bf16
+
+    high = np.arange(0, 2**16, 7, dtype=np.uint32) << 16
+    low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
+    u = (high[:, None] | low[None, :]).reshape(-1)
+    x = np.concatenate([u.view(F32), np.float32([np.inf, -np.inf, 3.4e38, -3.4e38, 0, -0.0])])
+    x = x[~np.isnan(x)]
+    got = njit(lambda a: np.array([_bf16(v) for v in a], np.float32))(x)
+    want = x.astype(DTYPES["bfloat16"]).astype(F32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
