@@ -53,6 +53,11 @@ def p_ds(s, ls, d, dp, c, fused, hi, lo, packed, p, ds, pr, dsr, bf16) -> bool:
     xb = xs.view(np.int32)
     bad = 0
     cd = np.float64(c)
+    warm = np.int64(rows)  # the negative inputs' table (P's) read in order first: the tile
+    neg = packed[0]  #        loop's matmuls push it out of the caches, and the lookups'
+    for i in range(0, neg.size, 64):  # misses cost more than a sweep that prefetchers stream
+        warm += neg[i]
+    bad |= warm < 0
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         for r in range(r0, r1):
