@@ -192,9 +192,13 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
         j0, j1 = tile.j0, tile.j1
         kj = plan.k3[g0:g1, j0:j1].astype(acc, copy=False)
         vj = plan.v3[g0:g1, j0:j1].astype(acc, copy=False)
-        kT = kj.swapaxes(-1, -2)
+        kT, vT = kj.swapaxes(-1, -2), None
         dk_j = grads.dk[g0:g1, :, j0:j1]
         dv_j = grads.dv[g0:g1, :, j0:j1]
+        if kern is not None:  # contiguous once a K/V tile (the kernel's matmuls take copies)
+            kj, vj, kT = (np.ascontiguousarray(x) for x in (kj, vj, kT))
+            vT = np.ascontiguousarray(vj.swapaxes(-1, -2))
+            dk_j, dv_j = dk_j.copy(), dv_j.copy()  # the accumulators, written back after
         keyed = traced_here and j0 <= key < j1
         q_tiles = list(zip(plan.q_starts, tile.kinds, strict=True))
         for i0, kind in (q_tiles[::-1] if kern is not None and kern.reverse_q else q_tiles):
@@ -221,9 +225,9 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                     sv.do[g0:g1, :, i0:i1].reshape(*rows, -1),
                     sv.lse[g0:g1, :, i0:i1].reshape(rows), sv.d[g0:g1, :, i0:i1].reshape(rows),
                     scale=plan.scale, heads=g, dk=dk_j, dv=dv_j, visible=vis, mask=um,
-                    softcap=plan.softcap, p_round=hooks.p_round, ds_round=hooks.ds_round)
-                dk_j[...] = up.dk
-                dv_j[...] = up.dv
+                    softcap=plan.softcap, p_round=hooks.p_round, ds_round=hooks.ds_round,
+                    kt=kT, vt=vT)
+                dk_j, dv_j = up.dk, up.dv
             else:
                 up = _osm_step(plan, sv, (g0, g1, i0, i1, j0, j1), rows, kT, kj, vj, vis, um,
                                step_kw)
@@ -246,6 +250,9 @@ def _groups(plan: Plan, sv: Saved, hooks: Hooks, grads: _Grads, g0: int, g1: int
                     *tile.bounds, False, float(up.p[at, r].max()),
                     float(up.ds[at, r].sum()), dq_norm=_norm(dq_after), query=qi,
                     detail=detail, **marked(plan, kind)))
+        if kern is not None:
+            grads.dk[g0:g1, :, j0:j1] = dk_j
+            grads.dv[g0:g1, :, j0:j1] = dv_j
         tick()
 
 

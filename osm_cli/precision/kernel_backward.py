@@ -87,12 +87,18 @@ class KernelBackward:
 
     # ------------------------------------------------------------------ one tile pair
     def step(self, q, k, v, do, lse, d, *, scale: float, heads: int, dk, dv, visible=None,
-             mask=None, softcap: float | None = None, p_round=None, ds_round=None) -> GradUpdate:
+             mask=None, softcap: float | None = None, p_round=None, ds_round=None,
+             kt=None, vt=None) -> GradUpdate:
         """One (Q tile, K/V tile) pair for a stack of rows (…, rows, ·): q, do and lse, d (…,
         rows) of the tile's rows (g heads stacked, as flash/backward.py stacks them), k, v of
         its keys; dk and dv the K/V tile's accumulators per head (…, g, keys, ·). Returns the
-        new accumulators as the update's dk and dv, and this tile's dQ share as its dq."""
-        s = matmul(q, np.swapaxes(k, -1, -2), self.mma)
+        new accumulators as the update's dk and dv, and this tile's dQ share as its dq. kt and
+        vt, where given, are Kᵀ and Vᵀ (the loop makes them once a K/V tile: fewer copies)."""
+        q = np.ascontiguousarray(q, F32)  # each read by two matmuls: one copy, not two
+        do = np.ascontiguousarray(do, F32)
+        kt = np.swapaxes(k, -1, -2) if kt is None else kt
+        vt = np.swapaxes(v, -1, -2) if vt is None else vt
+        s = matmul(q, kt, self.mma)
         pre = None
         if softcap is not None:  # FA4: cap·tanh(S·scale / cap); the exponent's c is log2e
             cap = F32(softcap)
@@ -102,7 +108,7 @@ class KernelBackward:
         s = apply_masks(s, visible, mask)
         c = F32(LOG2E) if softcap is not None else self._c(scale)
         if pre is None and self._compiled():  # P, dS and their roundings in one pass
-            dp = matmul(do, np.swapaxes(v, -1, -2), self.mma)
+            dp = matmul(do, vt, self.mma)
             p, ds, pr, dsr = _p_ds(s, lse, d, dp, c, self.exp == "fma", p_round, ds_round)
             return self._products(q, k, do, p, ds, pr, dsr, dp, heads, dk, dv)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -113,7 +119,7 @@ class KernelBackward:
                 x = fma(s, c, -ls)
             x = np.where(np.isnan(x), F32(-np.inf), x)  # −inf − (+inf): a masked row
         p = self.ops.exp2(x)
-        dp = matmul(do, np.swapaxes(v, -1, -2), self.mma)
+        dp = matmul(do, vt, self.mma)
         ds = (p * (dp - np.asarray(d, F32)[..., None]).astype(F32)).astype(F32)
         if pre is not None:
             factor = (fma(-pre, pre, F32(1)) if self.dtanh == "fma"
