@@ -80,8 +80,10 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
     if fused and rnd is None and np.dtype(carry) == np.float64 and not mods.active:
         out, lse = _one_shot_fused(q4, k4, v4, heads, opts.scale_for(d), visible, full_mask)
     else:
-        out, lse = _one_shot(q4, k4[:, heads], v4[:, heads], opts.scale_for(d), visible,
-                             full_mask, rnd=rnd, carry=carry, mods=mods)
+        if hq != hk:  # GQA: each query head its kv head's K and V (no copy without GQA)
+            k4, v4 = k4[:, heads], v4[:, heads]
+        out, lse = _one_shot(q4, k4, v4, opts.scale_for(d), visible, full_mask, rnd=rnd,
+                             carry=carry, mods=mods)
     nd = np.asarray(q).ndim
     return from_bhnd(out, nd, opts.layout), lse_from_bhnd(lse, nd)
 
@@ -165,15 +167,20 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
     chunk = rows_per_chunk or _chunk_rows(b * h, s)
     kT = to(k).swapaxes(-1, -2)
     vc = to(v)
+    # Without modifiers (whose indices span every head) each head of a chunk runs on its own:
+    # the same per-head matmuls and per-row softmax, a head's temporaries instead of all heads'
+    heads = [slice(0, h)] if mods.active else [slice(j, j + 1) for j in range(h)]
     for i0 in range(0, t, chunk):
         i1 = min(t, i0 + chunk)
-        sc = score_tile(scale_q(q[..., i0:i1, :], scale, carry, to), kT,
-                        None if visible is None else visible(i0, i1),
-                        mods.masked(None if mask is None else mask[..., i0:i1, :], i0, i1, s),
-                        to, softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry),
-                        mod=mods.tile_mod(i0, i1, s))
-        p, lse[..., i0:i1] = mods.softmax(sc, to)
-        out[..., i0:i1, :] = to(to(p) @ vc)
+        vis = None if visible is None else visible(i0, i1)
+        for hs in heads:
+            sc = score_tile(scale_q(q[:, hs, i0:i1, :], scale, carry, to), kT[:, hs], vis,
+                            mods.masked(None if mask is None else mask[:, hs, i0:i1, :], i0,
+                                        i1, s),
+                            to, softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry),
+                            mod=mods.tile_mod(i0, i1, s))
+            p, lse[:, hs, i0:i1] = mods.softmax(sc, to)
+            out[:, hs, i0:i1, :] = to(to(p) @ vc[:, hs])
     return out, lse
 
 
@@ -200,21 +207,20 @@ def _one_shot_fused(q4, k4, v4, heads: np.ndarray, scale: float, visible=None,
     if s == 0:  # no keys at all: every row is fully masked
         return out, lse
     chunk = _chunk_rows(b * h, s)
-    # K and V of each head in float64 as _one_shot holds them (a row-major (s, ·) matrix)
-    kv = {(i, j): (np.ascontiguousarray(k4[i, j], dtype=np.float64),
-                   np.ascontiguousarray(v4[i, j], dtype=np.float64))
-          for i in range(b) for j in np.unique(heads)}
     buf = np.empty((min(chunk, t), s))
     workers = max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
-        for i0 in range(0, t, chunk):
-            i1 = min(t, i0 + chunk)
-            vis = None if visible is None else visible(i0, i1)
-            cut = np.linspace(0, i1 - i0, workers + 1).astype(int)
-            for i in range(b):
-                for j in range(h):
-                    k, v = kv[i, int(heads[j])]
-                    sc = score_tile(scale_q(q4[i, j, i0:i1], scale, np.float64), k.T, vis,
+        # (chunk, head) pairs are independent: one head at a time, so that only that head's
+        # K and V are held in float64 (as _one_shot holds them: row-major (s, ·) matrices)
+        for i in range(b):
+            for j in range(h):
+                k = np.ascontiguousarray(k4[i, heads[j]], dtype=np.float64)
+                v = np.ascontiguousarray(v4[i, heads[j]], dtype=np.float64)
+                for i0 in range(0, t, chunk):
+                    i1 = min(t, i0 + chunk)
+                    cut = np.linspace(0, i1 - i0, workers + 1).astype(int)
+                    sc = score_tile(scale_q(q4[i, j, i0:i1], scale, np.float64), k.T,
+                                    None if visible is None else visible(i0, i1),
                                     None if mask is None else mask[i, j, i0:i1],
                                     out=buf[:i1 - i0])
                     parts = [sc[a:z] for a, z in zip(cut[:-1], cut[1:], strict=True)]

@@ -21,12 +21,23 @@ from osm_cli.flash.options import split_options
 from osm_cli.flash.reference import reference
 from osm_cli.flash.shapes import as_bhnd
 
-from .dtypes import DTYPES, Rounding, bits, dtype_name, resolve_dtype, round_inputs, round_to, ulp
+from .dtypes import (
+    DTYPES,
+    PIECE,
+    Rounding,
+    bits,
+    blocks,
+    dtype_name,
+    resolve_dtype,
+    round_inputs,
+    round_to,
+    ulp,
+)
 from .kernels import run_flash
 from .model import model, plain
 from .names import CHECK_RULES
 from .presets import default_kernel, preset_refusals
-from .rule import Verdict, judged, lse_errors, max_abs
+from .rule import Verdict, judged, lse_errors, max_abs, max_abs_diff
 
 
 @dataclass(frozen=True)
@@ -174,17 +185,20 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
         lse = _lse_as_bhnd(lse, ref_lse, "packed" if opts.packing.active else opts.layout)
         if str(lse_base) == "2":
             lse = np.asarray(lse, dtype=np.float64) * math.log(2.0)
-    pt, pt_lse = (base["pt"], base["pt_lse"]) if base else plain(eq, ek, ev, dt, opts)
-    ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
-    lse_err = None if lse is None else lse_errors(lse, ref_lse)
+    # the model, plain attention, then ref rounded: in this order the largest temporaries of
+    # each meet the fewest full-size arrays (a layer's check stays under 1 GB: bench_check.py)
     model_err, name, mres, beside = None, None, None, {}
     if with_model:
         m, name = model(dtype_name(dt)), kname
         extra = {} if name == "tiles" else {"mma": mma, "descale": descale}
         mres = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
-        model_err = max_abs(mres.out - ref)
+    pt, pt_lse = (base["pt"], base["pt_lse"]) if base else plain(eq, ek, ev, dt, opts)
+    ref_d = round_to(ref, dt, np.float64)  # the rule's own `ref`, also judged row by row below
+    lse_err = None if lse is None else lse_errors(lse, ref_lse)
+    if with_model:
+        model_err = max_abs_diff(mres.out, ref)
         # what a faithful kernel errs: the bound where plain attention overflowed (rule.py)
-        beside["model_err"] = max_abs(np.asarray(mres.out, dtype=np.float64) - ref_d)
+        beside["model_err"] = max_abs_diff(mres.out, ref_d)
         if lse is not None and np.shape(mres.lse) == np.shape(ref_lse):
             beside["model_lse_err"] = max_abs(lse_errors(mres.lse, ref_lse))
     verdict = judged(out, ref, ref_d, pt, dt, lse_err, ref_lse, pt_lse, **beside)
@@ -243,11 +257,10 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
     rows are over the rule's bound (NaN counts as over), and every row's error. out may be a
     gradient too (dK's rows are keys). by_lse: rows ranked by their LSE error (the LSE fails,
     the output does not)."""
-    ref_rows = rows_view(ref_d, layout)
-    diff = np.abs(rows_view(out, layout).astype(np.float64) - ref_rows)
-    row_err = diff.max(axis=-1) if diff.shape[-1] else np.zeros(diff.shape[:-1])
+    ref_rows, out_rows = rows_view(ref_d, layout), rows_view(out, layout)
+    row_err, row_top = row_maxima(out_rows, ref_rows)
     with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
-        row_ulps = row_err / ulp(np.abs(ref_rows).max(axis=-1, initial=0.0), dt)
+        row_ulps = row_err / ulp(row_top, dt)
     if lse_err is not None:
         lse_err = lse_rows(lse_err, layout)
     over = ~(row_err <= bound)
@@ -265,6 +278,21 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
         b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
         heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
     return tuple(rows), tuple(heads), over, row_err
+
+
+def row_maxima(out_rows: np.ndarray, ref_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of (…, rows, d) arrays: max_j |out − ref| in float64 (NaN propagates) and
+    max_j |ref| (0 for d = 0), a piece at a time (dtypes.blocks: no whole float64 copy)."""
+    lead = ref_rows.shape[:-1]
+    err, top = np.zeros(lead), np.zeros(lead)
+    if not ref_rows.shape[-1]:
+        return err, top
+    for ix in blocks(lead, max(1, PIECE // ref_rows.shape[-1])):
+        ref = ref_rows[ix]
+        with np.errstate(invalid="ignore", over="ignore"):
+            err[ix] = np.abs(out_rows[ix].astype(np.float64) - ref).max(axis=-1)
+        top[ix] = np.abs(ref).max(axis=-1)
+    return err, top
 
 
 def lse_rows(x, layout: str) -> np.ndarray:

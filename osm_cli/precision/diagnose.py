@@ -20,7 +20,7 @@ from osm_cli.flash.options import default_blocks
 from osm_cli.flash.shapes import as_bhnd, kv_head
 
 from .locate import BLOCKS, Location, locate, tile_map
-from .probe import Case, Finding
+from .probe import Case, Finding, Float64Heads
 from .probe import probe as run_probe
 from .rule import Rule, lse_errors, max_abs
 from .strict import head_bias, model_rule, nonzero_masked, other_rules
@@ -184,7 +184,7 @@ def _case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing, given) -
     from .check import lse_rows, rows_view, view_of
 
     dense = not opts.packing.active
-    got = {"out": np.asarray(out4, dtype=np.float64)}
+    got = {"out": Float64Heads(out4)}
     refs = {"out": rows_view(ref_d, view)}
     bounds = {"out": rep.verdict.rule.bound}
     if lse is not None:
@@ -199,11 +199,11 @@ def _case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing, given) -
             continue
         kv = "q" if g.name == "dq" else "k"
         gv = given[g.name]
-        got[g.name] = rows_view(np.asarray(gv, dtype=np.float64), view_of(opts, kv))
+        got[g.name] = Float64Heads(rows_view(np.asarray(gv), view_of(opts, kv)))
         refs[g.name] = rows_view(g.ref_d, view_of(opts, kv))
         bounds[g.name] = g.rule.bound
     if dense:
-        q4, k4, v4 = (np.asarray(as_bhnd(np.asarray(x, dtype=np.float64), opts.layout, n))
+        q4, k4, v4 = (Float64Heads(as_bhnd(np.asarray(x), opts.layout, n))
                       for x, n in ((q, "Q"), (k, "K"), (v, "V")))
         o = replace(opts, layout="bhnd")
     else:

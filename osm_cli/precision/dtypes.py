@@ -79,6 +79,24 @@ def has_inf(dtype) -> bool:
         return bool(np.isinf(np.array(np.inf).astype(dtype).astype(np.float64)))
 
 
+PIECE = 1 << 20  # elements a piece: what blocks() cuts a tensor into (8 MiB of float64)
+
+
+def blocks(shape: tuple, limit: int = PIECE):
+    """Index tuples that cover an array of `shape` in pieces of at most about `limit` elements,
+    cut along its leading axes (a piece is a view of any array of that shape)."""
+    k = 0
+    while k < len(shape) - 1 and math.prod(shape[k + 1:]) > limit:
+        k += 1
+    if not shape:
+        yield ()
+        return
+    step = max(1, limit // max(1, math.prod(shape[k + 1:])))
+    for lead in np.ndindex(*shape[:k]):
+        for i0 in range(0, shape[k], step):
+            yield (*lead, slice(i0, i0 + step))
+
+
 def round_to(x, dtype, like=None) -> np.ndarray:
     """x rounded to `dtype` (round to nearest even, numpy/ml_dtypes astype), carried in `like`.
 
@@ -94,7 +112,12 @@ def round_to(x, dtype, like=None) -> np.ndarray:
     if x.dtype == dt == like:
         return x
     with np.errstate(over="ignore", invalid="ignore"):
-        return x.astype(dt).astype(like)
+        if x.size <= PIECE:
+            return x.astype(dt).astype(like)
+        out = np.empty_like(x, dtype=like)  # a piece at a time: no whole narrow copy beside it
+        for ix in blocks(x.shape):
+            out[ix] = x[ix].astype(dt)
+        return out
 
 
 def ulp(x, dtype) -> np.ndarray:
@@ -138,7 +161,8 @@ def rounding(name: str, x: np.ndarray, r: np.ndarray) -> Rounding:
 
 
 def round_inputs(arrays: dict, dtype) -> tuple[tuple, tuple[Rounding, ...]]:
-    """Attention inputs rounded to dtype, carried in float32 (float64 for float64).
+    """Attention inputs rounded to dtype, carried in float32 (float64 for float64); an input
+    that rounding leaves unchanged comes back as a read-only view of itself.
 
     Raises OsmError for non-finite inputs and for values the dtype cannot hold (overflow).
     Example: (q, k, v), notes = round_inputs({"Q": q, "K": k, "V": v}, DTYPES["bfloat16"])
@@ -159,6 +183,11 @@ def round_inputs(arrays: dict, dtype) -> tuple[tuple, tuple[Rounding, ...]]:
                 f"{lim:g}), the first {float(np.asarray(x)[at]):g} at index {at}; scale the "
                 "inputs or pick a wider `dtype`"
             )
+        if not note.changed and x.dtype == r.dtype:
+            # nothing moved: the input itself, read-only (a check of a realistic layer holds
+            # Q, K, V once, not twice: benchmarks/bench_check.py)
+            r = x.view()
+            r.flags.writeable = False
         rounded.append(r)
         notes.append(note)
     return tuple(rounded), tuple(notes)

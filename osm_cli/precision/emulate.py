@@ -151,7 +151,9 @@ def _finish(m: Model, res: Attention) -> Attention:
     def cast(x):
         return None if x is None else x.astype(out_dt).astype(F32)
 
-    return replace(res, out=cast(res.out), trace=replace(res.trace, outs=cast(res.trace.outs)))
+    out = res.out
+    out[...] = out.astype(out_dt)  # in place: the run's own float32 array (a layer's is 64 MB)
+    return replace(res, out=out, trace=replace(res.trace, outs=cast(res.trace.outs)))
 
 
 def _dense(q, k, v, opts: ScoreOptions, masked_lse: str, trace_at, progress, *, kernel: Preset,

@@ -83,39 +83,57 @@ def _exp2_factors(sign: float) -> tuple[np.ndarray, np.ndarray]:
     return hi, exp2_f64(sign * np.arange(2**12) * 2.0**-23)
 
 
-def _exp2_grid(sign: float) -> np.ndarray:
+def _exp2_grid(sign: float, a0: int = 0, a1: int = 2**11) -> np.ndarray:
     """2^(sign · j·2^-23) for j < 2^23 as one outer product of two small tables (entry j =
-    a·2^12 + b is hi[a]·lo[b])."""
-    return np.multiply.outer(*_exp2_factors(sign)).reshape(-1)
+    a·2^12 + b is hi[a]·lo[b]); rows a0:a1 of it (entries a0·2^12 to a1·2^12)."""
+    hi, lo = _exp2_factors(sign)
+    return np.multiply.outer(hi[a0:a1], lo).reshape(-1)
 
 
-def _log2_grid() -> np.ndarray:
-    """log2(1 + j·2^-23) for j < 2^23: log2(c) for c = 1 + a·2^-11 (a table, 2·atanh series)
-    plus log2(1 + u), u = b·2^-23 / c < 2^-11, by five terms (j = a·2^12 + b)."""
-    c = 1.0 + np.arange(2**11) * 2.0**-11
+def _log2_at(j) -> np.ndarray:
+    """log2(1 + j·2^-23) for integers 0 ≤ j < 2^23 (any shape): log2(c) for c = 1 + a·2^-11,
+    a = j >> 12 (2·atanh series), plus log2(1 + u), u = b·2^-23 / c < 2^-11, b = j mod 2^12,
+    by five terms. Entry by entry, so a few entries cost a few (entries() looks up these)."""
+    j = np.asarray(j, dtype=np.int64)
+    c = 1.0 + (j >> 12) * 2.0**-11
     s = (c - 1.0) / (c + 1.0)
     s2 = s * s
     q = np.full_like(s, 1.0 / 41)
     for n in range(39, 0, -2):
         q = 1.0 / n + q * s2
-    u = np.multiply.outer(1.0 / c, np.arange(2**12) * 2.0**-23).reshape(-1)
+    u = (1.0 / c) * ((j & 4095) * 2.0**-23)
     p = u * 0.2
     for coef in (-0.25, 1.0 / 3, -0.5, 1.0):
         p += coef
         p *= u
     p *= LOG2E
-    p += np.repeat(2.0 * s * q * LOG2E, 2**12)
+    p += 2.0 * s * q * LOG2E
     return p
 
 
-def _tanh_grid(e: int, d: int) -> np.ndarray:
+def _rcp_at(j) -> np.ndarray:
+    """1 / (1 + j·2^-23) for integers 0 ≤ j < 2^23."""
+    return 1.0 / (1.0 + np.asarray(j, dtype=np.int64) * 2.0**-23)
+
+
+AT = {"lg2": _log2_at, "rcp": _rcp_at}  # the predictions computed entry by entry
+
+
+def _tanh_rows(e: int, d: int) -> int:
+    """How many rows (values of a) _tanh_grid(e, d) has."""
+    n = 23 - d
+    return 2 ** (n - n // 2)
+
+
+def _tanh_grid(e: int, d: int, a0: int = 0, a1: int | None = None) -> np.ndarray:
     """tanh(x) at x = 2^e·(1 + j·2^(d−23)), j < 2^(23−d): (1 − u)/(1 + u) with u =
-    2^(t0 + j·δ) = 2^(t0 + a·2^h·δ) · 2^(b·δ), one outer product (j = a·2^h + b)."""
+    2^(t0 + j·δ) = 2^(t0 + a·2^h·δ) · 2^(b·δ), one outer product (j = a·2^h + b); rows a0:a1."""
     n = 23 - d
     h = n // 2
     delta = -2.0 * LOG2E * 2.0 ** (e + d - 23)
     t0 = -2.0 * LOG2E * 2.0**e
-    hi = exp2_f64(t0 + np.arange(2 ** (n - h)) * (2.0**h * delta))
+    a = np.arange(2 ** (n - h))[a0:a1]
+    hi = exp2_f64(t0 + a * (2.0**h * delta))
     lo = exp2_f64(np.arange(2**h) * delta)
     u = np.multiply.outer(hi, lo).reshape(-1)
     return (1.0 - u) / (1.0 + u)
@@ -137,15 +155,27 @@ def tanh_drop() -> dict:
 
 def predicted(name: str) -> np.ndarray:
     """The float64 predictions the stored differences are taken from, per table entry:
-    as float32 bits."""
+    as float32 bits. Made 2^7 rows (2^19 entries) at a time: the same elementwise arithmetic
+    as one pass over the whole grid, without its float64 temporaries (a few hundred MB)."""
     if name in ("ex2_pos", "ex2_neg"):
-        return bits(_exp2_grid(1.0 if name == "ex2_pos" else -1.0).astype(F32))
-    if name == "rcp":
-        return bits((1.0 / (1.0 + np.arange(2**23) * 2.0**-23)).astype(F32))
-    if name == "lg2":
-        return bits(_log2_grid().astype(F32))
-    e = int(name.split("_")[1])
-    return bits(_tanh_grid(e, tanh_drop()[e]).astype(F32))
+        sign = 1.0 if name == "ex2_pos" else -1.0
+        rows, grid = 2**11, functools.partial(_exp2_grid, sign)
+    elif name in AT:
+        rows = 2**11
+        def grid(a0, a1):
+            return AT[name](np.arange(a0 * 2**12, a1 * 2**12))
+    else:
+        e = int(name.split("_")[1])
+        rows, grid = _tanh_rows(e, tanh_drop()[e]), functools.partial(_tanh_grid, e,
+                                                                     tanh_drop()[e])
+    out, at = None, 0
+    for a0 in range(0, rows, 2**7):
+        part = bits(grid(a0, min(rows, a0 + 2**7)).astype(F32))
+        if out is None:
+            out = np.empty(part.size * -(-rows // 2**7), np.int32)
+        out[at:at + part.size] = part
+        at += part.size
+    return out[:at]
 
 
 def table_names() -> list:
@@ -173,6 +203,20 @@ def unpack(name: str, stored: np.ndarray) -> np.ndarray:
     val = predicted(name)  # int32 bits, fresh: the differences are added in place
     val += differences(stored)
     return from_bits(val)
+
+
+@functools.lru_cache(maxsize=8)
+def _differences(name: str, path: str | None = None) -> np.ndarray:
+    with np.load(path or DATA) as z:
+        return differences(z[name])
+
+
+def entries(name: str, j, path: str | None = None) -> np.ndarray:
+    """table(name)[j] for lg2 and rcp without the table: the prediction at j plus the stored
+    difference, the same bits (the kernels look up one entry a row: a 32 MB table for a few
+    thousand entries is what made a layer's check cost 1 GB)."""
+    val = bits(AT[name](j).astype(F32)) + _differences(name, path)[j]
+    return from_bits(val.astype(np.int32, copy=False))
 
 
 @functools.lru_cache(maxsize=64)
@@ -265,7 +309,7 @@ def _mantissa_split(x, name: str, path: str | None):
     x = np.asarray(x, dtype=F32)
     b = bits(x).astype(np.int64)
     e = ((b >> 23) & 255) - 127
-    return x, b, e, tables(path)[name][b & 0x7FFFFF].astype(np.float64)
+    return x, b, e, entries(name, b & 0x7FFFFF, path).astype(np.float64)
 
 
 def lg2(x, path: str | None = None) -> np.ndarray:
@@ -308,5 +352,5 @@ def tanh(x, path: str | None = None) -> np.ndarray:
     return np.where(np.signbit(x), -y, y).astype(F32)
 
 
-__all__ = ["DATA", "differences", "ex2", "ex2_compact", "ex2_numpy", "exp2_f64", "lg2", "pack",
-           "predicted", "rcp", "table", "tables", "tanh", "tanh_drop", "unpack"]
+__all__ = ["DATA", "differences", "entries", "ex2", "ex2_compact", "ex2_numpy", "exp2_f64", "lg2",
+           "pack", "predicted", "rcp", "table", "tables", "tanh", "tanh_drop", "unpack"]

@@ -30,7 +30,7 @@ from .backward import flash_backward, plain_backward
 from .dtypes import bits, dtype_name, round_to, ulp
 from .model import model
 from .names import GRAD_RULES as _RULE_NAMES
-from .rule import Rule, _fa_rule, _rule, max_abs
+from .rule import Rule, _fa_rule, _rule, max_abs, max_abs_diff
 
 GRADS = ("dq", "dk", "dv")
 SINK = "dsink"  # the learnable sink's gradient, one per query head (FA4's learnable_sink)
@@ -109,7 +109,7 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
         ref = refs[name]
         ref_d = round_to(ref, dt, np.float64)
         r = _fa_rule(g, ref_d, pts[name], dt, GRAD_RULES[rule],
-                     model_err=None if mod is None else max_abs(mod[name] - ref_d))
+                     model_err=None if mod is None else max_abs_diff(mod[name], ref_d))
         floor = 0.0
         if r.bound == 0 and bits(dt) <= 32 and not np.any(ref_d):
             floor = cancel_floor(name, q, k, v, do, opts)
@@ -119,9 +119,9 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
         rows, heads, over, row_err = worst(g, ref_d, None, r.bound, dt,
                                            view_of(opts, "q" if name == "dq" else "k"), top)
         out.append(GradCheck(
-            name, r, max_abs(np.asarray(g, dtype=np.float64) - ref),
-            max_abs(np.asarray(pts[name], dtype=np.float64) - ref),
-            None if mod is None else max_abs(mod[name] - ref), rows, heads,
+            name, r, max_abs_diff(g, ref),
+            max_abs_diff(pts[name], ref),
+            None if mod is None else max_abs_diff(mod[name], ref), rows, heads,
             int(np.count_nonzero(over)), int(over.size), row_err, ref_d, floor))
     return tuple(out)
 
@@ -144,11 +144,11 @@ def _sink_check(g, ref, pt, mod, top: int) -> GradCheck:
     f32 = np.dtype(np.float32)
     ref_d = round_to(ref, f32, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = max_abs(np.asarray(g, dtype=np.float64) - ref_d)
-        pt_err = max_abs(np.asarray(pt, dtype=np.float64) - ref_d)
+        err = max_abs_diff(g, ref_d)
+        pt_err = max_abs_diff(pt, ref_d)
     two_ulp = float(ulp(max_abs(ref_d), f32)) if ref_d.size else 0.0
     r = _rule(err, pt_err, two_ulp, 2.0, 2.0,
-              model_err=None if mod is None else max_abs(np.asarray(mod) - ref_d))
+              model_err=None if mod is None else max_abs_diff(mod, ref_d))
     r = replace(r, note=(r.note + "; " if r.note else "") + "rounding: one float32 ulp of the "
                 "largest |dsink| (FA4's tests add 2 ulp)")
     diff = np.abs(np.asarray(g, dtype=np.float64).ravel() - ref_d.ravel())
@@ -160,9 +160,9 @@ def _sink_check(g, ref, pt, mod, top: int) -> GradCheck:
     heads = tuple(HeadError(0, int(h), float(diff[h]), int(not diff[h] <= r.bound))
                   for h in order)
     over = ~(diff <= r.bound)
-    return GradCheck(SINK, r, max_abs(np.asarray(g, dtype=np.float64) - ref),
-                     max_abs(np.asarray(pt, dtype=np.float64) - ref),
-                     None if mod is None else max_abs(np.asarray(mod) - ref), rows, heads,
+    return GradCheck(SINK, r, max_abs_diff(g, ref),
+                     max_abs_diff(pt, ref),
+                     None if mod is None else max_abs_diff(mod, ref), rows, heads,
                      int(np.count_nonzero(over)), int(over.size), diff.reshape(1, -1, 1), ref_d)
 
 

@@ -67,7 +67,8 @@ class Probe:
 
 @dataclass(frozen=True)
 class Case:
-    """What the probe needs of a failed check, in (B, H, …) arrays of float64: the inputs (Q,
+    """What the probe needs of a failed check, in (B, H, …) arrays read as float64 (the large
+    ones as Float64Heads): the inputs (Q,
     K, V as the kernel saw them), options with layout bhnd, the kernel's tensors and osm's
     references, each tensor's bound, and the failing heads of each tensor, worst first."""
 
@@ -80,6 +81,31 @@ class Case:
     bounds: dict  # tensor -> the rule's bound
     failing: dict  # tensor -> ((batch, head), …) worst first
     dense: bool = True  # False for varlen or paged batches: only the elementwise probes run
+
+
+class Float64Heads:
+    """A (B, H, …) array read as float64 a piece at a time: indexing converts only what it
+    picks (a head, its rows), so that a layer's Q, K, V and output are never held whole in
+    float64 (benchmarks/bench_check.py). np.asarray of it converts it all."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = np.asarray(a)
+
+    @property
+    def shape(self) -> tuple:
+        return self.a.shape
+
+    def __getitem__(self, ix) -> np.ndarray:
+        return np.asarray(self.a[ix], dtype=np.float64)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.a, dtype=dtype or np.float64)
+
+    def swapaxes(self, a: int, b: int) -> np.ndarray:
+        """The values as stored, axes swapped: for reference(), which reads them in float64."""
+        return self.a.swapaxes(a, b)
 
 
 def probe(case: Case) -> Probe:
@@ -339,4 +365,4 @@ def _scaled(case: Case, tensor: str, hs) -> list[Finding]:
     return out
 
 
-__all__ = ["HEADS", "Case", "Finding", "Probe", "probe"]
+__all__ = ["HEADS", "Case", "Finding", "Float64Heads", "Probe", "probe"]
