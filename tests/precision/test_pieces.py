@@ -79,7 +79,8 @@ def test_predictions_by_rows_are_the_one_pass_grid():
     one_pass = ga.bits(np.multiply.outer(hi, lo).reshape(-1).astype(np.float32))
     assert np.array_equal(ga.predicted("ex2_neg"), one_pass)
     e, d = 0, ga.tanh_drop()[0]
-    assert np.array_equal(ga.predicted(f"tanh_{e}"), ga.bits(ga._tanh_grid(e, d).astype(np.float32)))
+    whole = ga.bits(ga._tanh_grid(e, d).astype(np.float32))
+    assert np.array_equal(ga.predicted(f"tanh_{e}"), whole)
 
 
 def test_float64_heads_converts_what_it_picks():
