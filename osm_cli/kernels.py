@@ -36,7 +36,7 @@ def run_kernel(
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
     attn_mask=None, score_mod=None, mask_mod=None,
     block_k: int | None = None, rescale_threshold: float | None = None,
-    dtype: str | None = None, mma: str = "blas", q_descale=None, k_descale=None,
+    dtype: str | None = None, mma: str | None = None, q_descale=None, k_descale=None,
     v_descale=None, masked_lse: str | None = None,
     trace_at: tuple | None = (0, 0, 0),
     progress: Callable[[int, int], None] | None = None,
@@ -58,8 +58,8 @@ def run_kernel(
         Lazy rescale τ in natural-log units; None: the kernel's own for the dtype.
     dtype : str, optional
         The kernel's dtype; None: q's own (bfloat16, float16, float8).
-    mma : {{"blas", "tensor-core"}}
-        How the matmuls round.
+    mma : {{"tensor-core", "blas"}}, optional
+        How the matmuls round; None: a preset's "tensor-core" (bit-faithful), tiles' "blas".
     q_descale, k_descale, v_descale : array (B, Hkv), optional
         FP8's descale factors.
     masked_lse : {{"neg-inf", "pos-inf", "zero"}}, optional

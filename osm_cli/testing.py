@@ -26,7 +26,7 @@ def assert_attention_close(
     learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
     layout: str = "bhnd", kv_layout: str = "nhd", causal_align: str = "bottom-right",
     attn_mask=None, score_mod=None, mask_mod=None,
-    dtype=None, kernel: str | None = None, mma: str = "blas", q_descale=None,
+    dtype=None, kernel: str | None = None, mma: str | None = None, q_descale=None,
     k_descale=None, v_descale=None, grad_rule: str = "fa3", rule: str = "fa",
     lse_base: str = "e", probe: bool = True, rules_table: bool = False, top: int = 5,
     msg: str | None = None, do=None, scale: float | None = None, window=None, mask=None,

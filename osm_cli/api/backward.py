@@ -81,7 +81,7 @@ def attention_backward(
         dout = round_inputs({"dO": dout}, m.dtype)[0][0]
     rep = backward_report(q, k, v, dout, opts, Tiling(block_q=block_q, block_k=block_k),
                           out=out, lse=lse, model=m, with_reference=False, kernel=kernel,
-                          mma=mma or "blas", trace_at=trace_at, trace_key=trace_key,
+                          mma=mma, trace_at=trace_at, trace_key=trace_key,
                           progress=progress)
     return rep.result
 

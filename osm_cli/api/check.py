@@ -49,8 +49,8 @@ def check(
         The kernel's dtype ("bf16", "fp16", "e4m3", …); None: out's own.
     kernel : {{"fa2", "fa4", "fa4-sm100", "tiles"}}, optional
         The kernel whose model runs beside; None: fa2 for 16-bit, fa4-sm100 for FP8.
-    mma : {{"blas", "tensor-core"}}, optional
-        How that model's matmuls round.
+    mma : {{"tensor-core", "blas"}}, optional
+        How that model's matmuls round; None: the tensor cores' (bit-faithful).
     q_descale, k_descale, v_descale : array (B, Hkv), optional
         FP8's descale factors: q, k, v hold x / descale.
     grad_rule : {{"fa3", "fa2"}}
@@ -93,7 +93,7 @@ def check(
     return judge(out, q, k, v, dtype if dtype is not None else output_dtype(np.asarray(out), "out"),
                  lse=lse, do=dout, dq=dq, dk=dk, dv=dv, dsink=dsink, top=top,
                  with_model=with_model,
-                 grad_rule=grad_rule, opts=opts, kernel=kernel, mma=mma or "blas",
+                 grad_rule=grad_rule, opts=opts, kernel=kernel, mma=mma,
                  descale=descale(q_descale, k_descale, v_descale), rule=rule,
                  lse_base=lse_base, probe=probe, rules_table=rules_table)
 

@@ -91,7 +91,7 @@ def attention(
     rep = attention_report(
         q, k, v, opts, Tiling(block_q=block_q, block_k=block_k, form=form), model=m,
         notes=notes, with_reference=False, progress=progress, kernel=kernel,
-        mma=mma or "blas", descale=descale(q_descale, k_descale, v_descale),
+        mma=mma, descale=descale(q_descale, k_descale, v_descale),
         rescale_threshold=rescale_threshold, masked_lse=masked_lse, trace_at=trace_at)
     return rep.result
 

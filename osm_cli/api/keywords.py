@@ -107,9 +107,10 @@ dtype : str, optional
     kernel : {"fa2", "fa4", "fa4-sm100", "tiles"}, optional
         The kernel whose loop and arithmetic run; None: fa2 for 16-bit dtypes, fa4-sm100 for
         FP8, tiles (osm's own loop) otherwise.
-    mma : {"blas", "tensor-core"}, optional
-        How a kernel preset's matmuls round (tensor-core: the tensor cores' float32
-        accumulation, slow and bit-faithful)."""
+    mma : {"tensor-core", "blas"}, optional
+        How a kernel preset's matmuls round; None: "tensor-core", the tensor cores' truncating
+        float32 accumulation, bit-faithful (docs/numerics.md#tensor-cores); "blas": numpy's
+        float32 BLAS, within an ulp and about twice as fast (osm's own tiles: always)."""
 
 
 def documented(**parts: str):

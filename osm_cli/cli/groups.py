@@ -40,7 +40,6 @@ from .options import (
     LayoutOpt,
     MaskModOpt,
     MaskOpt,
-    Mma,
     MmaOpt,
     PageTableOpt,
     QDescaleOpt,
@@ -197,11 +196,16 @@ class Model:
 
     dtype: DtypeOpt = None
     kernel: KernelOpt = None
-    mma: MmaOpt = Mma.blas
+    mma: MmaOpt = None
 
     @property
     def name(self) -> str | None:
         return _value(self.kernel)
+
+    @property
+    def how(self) -> str | None:
+        """--mma's value; None: the library's default (presets.mma_for)."""
+        return _value(self.mma)
 
 
 @group

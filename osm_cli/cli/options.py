@@ -176,9 +176,10 @@ KernelOpt = Annotated[Kernel | None, typer.Option(
     "(FlashAttention-2, PyTorch's flash SDPA), fa4 (FlashAttention-4 on Hopper), fa4-sm100 "
     "(FlashAttention-4 on Blackwell, modelled from source, the FP8 one) or tiles (osm's own "
     "readable loop). Default: fa2 for a 16-bit --dtype, fa4-sm100 for FP8, tiles otherwise.")]
-MmaOpt = Annotated[Mma, typer.Option(
-    "--mma", help="A kernel preset's matmuls: blas (float32, within an ulp) or tensor-core "
-    "(models the tensor cores' truncating float32 accumulation; slower; bit-faithful).")]
+MmaOpt = Annotated[Mma | None, typer.Option(
+    "--mma", help="A kernel preset's matmuls: tensor-core (the default: the tensor cores' "
+    "truncating float32 accumulation, bit-faithful) or blas (numpy's float32 BLAS: within an "
+    "ulp, about twice as fast on a large run). osm's own tiles: blas.")]
 
 
 def descale_option(which: str):

@@ -69,7 +69,7 @@ def flash_hooks(m: Model, kernel: str | None = None) -> Hooks:
 
 def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
                    opts: ScoreOptions | None = None, tiling: Tiling | None = None,
-                   kernel: str | None = None, mma: str = "blas", arith=None,
+                   kernel: str | None = None, mma: str | None = None, arith=None,
                    **kwargs) -> Backward:
     """The flash model's backward: attention_backward with model m's rounding, dQ, dK, dV
     rounded to the dtype at the end. q, k, v and do hold the dtype's values already
@@ -78,17 +78,20 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
     forward gives O and LSE (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles
     otherwise) and whose backward is modelled: fa4 and fa4-sm100 take FA4's backward tiles and
     sum GQA's dK, dV in float32; the others FA2's tiles and per-head rounding. tiling replaces
-    the tiles; mma is how the matmuls round: with "tensor-core" fa2 and fa4 run their kernel's
-    own backward arithmetic too (kernel_backward.py: the order of D, S unscaled, P's exp2, the
-    tensor cores' chained dK and dV); arith, a kernel_backward.KernelBackward, replaces that
-    arithmetic (an ablation: benchmarks/kernel_bits.py). kwargs are attention_backward's
+    the tiles; mma is how the matmuls round (presets.mma_for: a preset's tensor cores by
+    default): with "tensor-core" fa2 and fa4 run their kernel's own backward arithmetic too
+    (kernel_backward.py: the order of D, S unscaled, P's exp2, the tensor cores' chained dK and
+    dV), with "blas" osm's own backward arithmetic in the model's dtypes; arith, a
+    kernel_backward.KernelBackward, replaces that arithmetic (an ablation:
+    benchmarks/kernel_bits.py). kwargs are attention_backward's
     (trace_at, trace_key, progress)."""
-    from .presets import default_kernel
+    from .presets import default_kernel, mma_for
 
     # score options given as keywords (causal=True …) hold for the forward run here too
     score = {key: kwargs.pop(key) for key in [key for key in kwargs if key in _SCORE_FIELDS]}
     opts = replace(opts or ScoreOptions(), **score)
     name = kernel or default_kernel(m.name, opts)
+    mma = mma_for(name, mma)
     if tiling is None:
         d = np.shape(q)[-1]
         tiling = Tiling(*(fa4_backward_blocks(d, bool(opts.causal or opts.window is not None))

@@ -36,7 +36,7 @@ from .dtypes import (
 from .kernels import run_flash
 from .model import model, plain
 from .names import CHECK_RULES
-from .presets import default_kernel, preset_refusals
+from .presets import default_kernel, mma_for, preset_refusals
 from .rule import Verdict, judged, lse_errors, max_abs, max_abs_diff
 
 
@@ -76,7 +76,7 @@ class CheckReport(Notebook):
     hint: str = ""
     grads: tuple = ()  # gradcheck.GradCheck per gradient judged (dq, dk, dv given)
     kernel: str | None = None  # the preset whose model ran beside (presets.py); None: no model
-    mma: str = "blas"  # how the model's matmuls rounded (emulate.MMAS)
+    mma: str = "blas"  # how the model's matmuls rounded (presets.mma_for: resolved)
     rule: str = "fa"  # the rule that gave the verdicts (names.CHECK_RULES)
     lse_base: str = "e"  # the base the kernel's LSE was read in
     tensors: tuple = ()  # diagnose.TensorVerdict per judged tensor (out, lse, dq, dk, dv)
@@ -126,7 +126,7 @@ def _lse_as_bhnd(lse: np.ndarray, ref_lse: np.ndarray, layout: str) -> np.ndarra
 def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, dsink=None,
           top: int = 5,
           with_model: bool = True, grad_rule: str = "fa3", opts: ScoreOptions | None = None,
-          kernel: str | None = None, mma: str = "blas", descale=None, rule: str = "fa",
+          kernel: str | None = None, mma: str | None = None, descale=None, rule: str = "fa",
           lse_base: str = "e", probe: bool = True, rules_table: bool = False,
           baseline: dict | None = None, **options) -> CheckReport:
     """Judge an external kernel's output (and LSE, and gradients) for inputs q, k, v in `dtype`.
@@ -137,8 +137,9 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     rule `grad_rule` (gradcheck.GRAD_RULES); dsink, the sinks' gradient (one per query head),
     by FlashAttention-4's (gradcheck._sink_check). kernel names the preset whose model runs beside
     (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its
-    matmuls round (emulate.MMAS). descale (emulate.Descale, FP8): q, k, v hold x / descale;
-    the reference and plain attention see x, the model takes the factors as the kernel does.
+    matmuls round (presets.mma_for: the tensor cores' by default). descale (emulate.Descale,
+    FP8): q, k, v hold x / descale; the reference and plain attention see x, the model takes
+    the factors as the kernel does.
     rule: "fa" (FlashAttention's, the default) or "model" (error ≤ 1.25× osm's model of the
     kernel, and no head biased) decides each tensor's verdict; a row that sees no key must be
     exactly 0 under both. lse_base: "e" or "2", the base of the kernel's LSE. probe: on a
@@ -159,6 +160,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     kname = kernel or default_kernel(dtype_name(dt), opts)
     preset_refusals(kname, descale=descale, dtype=dtype_name(dt), mma=mma)  # with the model or not
+    mma = mma_for(kname, mma)
     given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv), ("dsink", dsink))
              if g is not None}
     if given and do is None:

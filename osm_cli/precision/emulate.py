@@ -10,11 +10,11 @@ to the input dtype before P·V. This module runs that, for every preset of prese
 vectorized over batch, heads and a Q tile's rows, with a trace of one row in natural-log units
 (m·scale), the same Step records as flash/.
 
-mma="tensor-core" also models the tensor cores' float32 accumulation, which BLAS does not do:
-products summed 16 at a time (the k of one MMA instruction), each term aligned to the largest
-and truncated 2 bits below float32's precision, the accumulator truncated toward zero
-(docs/numerics.md#tensor-cores), compiled (mma.py), bit-faithful where "blas", the default,
-is within an ulp of float32.
+The matmuls (mma, presets.mma_for) are the tensor cores' float32 accumulation by default
+("tensor-core"): products summed 16 at a time (the k of one MMA instruction), each term aligned
+to the largest and truncated 2 bits below float32's precision, the accumulator truncated
+toward zero (docs/numerics.md#tensor-cores), compiled (mma.py), bit-faithful; mma="blas", the
+quick approximation, takes numpy's float32 BLAS, within an ulp of float32.
 
 Leaves out: the presets themselves (presets.py), where inputs are rounded (dtypes.py), the
 backward (backward.py), the verdict (rule.py).
@@ -54,7 +54,6 @@ from .gpu_ops import (
     F32,
     LN2,
     LOG2E,
-    MMAS,
     Ops,
     exp2_emulated,
     fma,
@@ -63,7 +62,7 @@ from .gpu_ops import (
     row_sums,
 )
 from .model import Model
-from .presets import EIGHT, Preset
+from .presets import EIGHT, Preset, mma_for
 from .splitkv import split_kv_run
 
 
@@ -87,7 +86,7 @@ class Arith:
 def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None = None,
                tiling: Tiling | None = None, hooks: Hooks | None = None,
                masked_lse: str | None = None, trace_at=(0, 0, 0), progress=None,
-               mma: str = "blas", descale: Descale | None = None,
+               mma: str | None = None, descale: Descale | None = None,
                threshold: float | None = None, ops: Ops | None = None,
                sms: int | None = None, **options) -> Attention:
     """The kernel's forward on q, k, v (which hold m's dtype values already), out in the
@@ -99,8 +98,7 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
     multiprocessors for FA2's split-KV heuristic (132, an H100/H200, by default).
     """
     opts, tiling, _ = split_options(options, opts, tiling, hooks)
-    if mma not in MMAS:
-        raise OsmError(f"mma must be one of {', '.join(MMAS)}, not {mma!r}")
+    mma = mma_for(kernel.name, mma)
     if opts.score_mod is not None and kernel.softcap != "score-mod":
         raise OsmError(f"kernel {kernel.name} models its kernel's fixed score options "
                        "(softcap, ALiBi); a score_mod runs in osm's own loop (kernel tiles) "
@@ -493,4 +491,4 @@ def _masked_step(bounds, m, lanes, o, ar: Arith, row: _Row) -> Step:
                     masked=True, query=row.query)
 
 
-__all__ = ["MMAS", "Descale", "Ops", "run_kernel"]
+__all__ = ["Descale", "Ops", "run_kernel"]

@@ -69,7 +69,7 @@ class GradCheck:
 
 def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, top: int = 5,
                 with_model: bool = True, rule: str = "fa3", refs: dict | None = None,
-                kernel: str | None = None, mma: str = "blas",
+                kernel: str | None = None, mma: str | None = None,
                 pts: dict | None = None) -> tuple[GradCheck, ...]:
     """Judge each gradient of `given` (dq, dk, dv: the kernel's) for dtype-valued q, k, v, do;
     refs and pts, if the caller has them, are the float64 gradients (reference_backward's)

@@ -21,7 +21,8 @@ ALIASES = {
 PRECISIONS = ("flash", "naive")  # docs/numerics.md#precision-model
 ACCUMS = ("float32", "float64")
 KERNELS = ("fa2", "fa4", "fa4-sm100", "tiles")  # presets.py (docs/numerics.md#kernel-presets)
-MMAS = ("blas", "tensor-core")  # how a preset's matmuls round (gpu_ops.matmul)
+MMAS = ("tensor-core", "blas")  # how a preset's matmuls round (gpu_ops.matmul)
+DEFAULT_MMA = "tensor-core"  # a preset's own, bit for bit; "blas" for osm's own tiles
 GRAD_RULES = ("fa3", "fa2")  # gradcheck.py's rules for gradients (docs/numerics.md#grad-rule)
 CHECK_RULES = ("fa", "model")  # check's verdict: FlashAttention's rule, or 1.25× osm's model
 
@@ -34,5 +35,5 @@ def canonical(name: str) -> str:
     return key
 
 
-__all__ = ["ACCUMS", "ALIASES", "CHECK_RULES", "DTYPE_NAMES", "GRAD_RULES", "KERNELS", "MMAS",
-           "PRECISIONS", "canonical"]
+__all__ = ["ACCUMS", "ALIASES", "CHECK_RULES", "DEFAULT_MMA", "DTYPE_NAMES", "GRAD_RULES",
+           "KERNELS", "MMAS", "PRECISIONS", "canonical"]

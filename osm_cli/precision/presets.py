@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from osm_cli.errors import OsmError
 
-from .names import KERNELS
+from .names import DEFAULT_MMA, KERNELS, MMAS
 
 SIXTEEN = ("float16", "bfloat16")
 EIGHT = ("float8_e4m3fn", "float8_e5m2")
@@ -193,11 +193,23 @@ def fa2_plan(b: int, h: int, t: int, s: int, d: int, sms: int = SMS) -> tuple[in
     return 64, block_n, splits
 
 
-def refuse_mma(kernel: str, mma: str) -> None:
-    """One Error line for --mma tensor-core on osm's own loop, whose matmuls are numpy's."""
-    if kernel == "tiles" and mma != "blas":
+def mma_for(kernel: str | None, mma: str | None) -> str:
+    """How the matmuls of a run of `kernel` round: `mma` where given, else a preset's own
+    arithmetic, the tensor cores' truncating accumulation (DEFAULT_MMA: bit for bit, at about
+    twice BLAS's time: benchmarks/bench_mma.py), and numpy's BLAS for osm's own tiles (or
+    None: no tiles). One Error line for another mode, or tensor-core on osm's own loop, whose
+    matmuls are numpy's. Every entry point resolves its `mma` here.
+
+    Example: mma_for("fa2", None) -> "tensor-core"; mma_for("tiles", None) -> "blas"
+    """
+    if mma is None:
+        return "blas" if kernel in (None, "tiles") else DEFAULT_MMA
+    if mma not in MMAS:
+        raise OsmError(f"`mma` must be one of {', '.join(MMAS)}, not {mma!r}")
+    if kernel in (None, "tiles") and mma != "blas":
         raise OsmError(f"`mma` {mma} models a kernel preset's matmuls; `kernel` tiles is osm's "
                        "own loop")
+    return mma
 
 
 def preset(name: str) -> Preset:
@@ -270,11 +282,11 @@ def judged_as(dtype: str | None, kernel: str | None, out, name: str, q, k, v):
 
 def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
                     splits: int | None = None, block_q: int | None = None,
-                    descale=None, dtype: str | None = None, mma: str = "blas") -> None:
+                    descale=None, dtype: str | None = None, mma: str | None = None) -> None:
     """What kernel `name` does not take, as one error naming both: another tile order, the
     merge form, splits, block_q, descales off FP8; tiles takes no descales and no mma but
-    blas. The one place these are checked, for every entry point."""
-    refuse_mma(name, mma)
+    blas (mma_for). The one place these are checked, for every entry point."""
+    mma_for(name, mma)
     if name == "tiles":
         if descale is not None:
             raise OsmError("`q_descale`, `k_descale` and `v_descale` are FP8's descale factors "
@@ -315,4 +327,4 @@ def _asks(opts) -> dict:
 
 
 __all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan",
-           "judged_as", "kernel_for", "preset", "preset_refusals", "refuse_mma"]
+           "judged_as", "kernel_for", "mma_for", "preset", "preset_refusals"]

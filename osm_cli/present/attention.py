@@ -44,8 +44,9 @@ def kernel_text(name: str, block_k: int | None = None, splits: int = 1, *, mma: 
     if dtype is not None and p.max_offset(dtype):
         parts.append(f"P = exp2(… + {p.max_offset(dtype)}) before FP8")
     parts.append("O·(1/l)" if p.normalise.startswith("reciprocal") else "O / l")
-    if mma == "tensor-core":
-        parts.append("tensor cores' truncating accumulation")
+    if name != "tiles":  # a preset's matmuls: its own, or BLAS's quick approximation
+        parts.append("tensor cores' truncating accumulation" if mma == "tensor-core" else
+                     "matmuls by BLAS (--mma blas: within an ulp)")
     line = f"{name}: {title}: {'; '.join(parts)}"
     if name == "fa4-sm100":
         line += "; unverified on hardware (modelled from source)"

@@ -27,7 +27,7 @@ from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gpu_ops import LOG2E
 from osm_cli.precision.kernels import run_flash
 from osm_cli.precision.model import Model, hooks_for, judge_run, run, storable
-from osm_cli.precision.presets import kernel_for, preset_refusals
+from osm_cli.precision.presets import kernel_for, mma_for, preset_refusals
 from osm_cli.precision.rule import Verdict
 from osm_cli.studies.order import block_order
 
@@ -58,7 +58,7 @@ class AttentionReport:
     verdict: Verdict | None = None  # of a model's run (with the reference)
     baseline: Baseline | None = None  # with --order or a rescale threshold: vs forward, eager
     kernel: str | None = "tiles"  # the kernel preset that ran (presets.py); None: naive
-    mma: str = "blas"  # how a preset's matmuls rounded (emulate.MMAS)
+    mma: str = "blas"  # how the matmuls rounded (presets.mma_for: resolved, never None)
     block_k_given: bool = False  # --block-k replaced a preset's own tile width
     shown: bool = False  # the kernel named on the screen (a model ran, or --kernel was given)
     ref_rows: np.ndarray | None = None  # the reference's traced rows, (rows, dv), as queries
@@ -83,7 +83,7 @@ def _tile_order(q, k, order: str, seed: int, block_k: int | None, layout: str):
 def attention_report(
     q, k, v, opts: ScoreOptions, tiling: Tiling, *, model: Model | None = None,
     notes: tuple = (), splits: int | None = None, order: str = "forward", seed: int = 0,
-    with_reference: bool = True, progress=None, kernel: str | None = None, mma: str = "blas",
+    with_reference: bool = True, progress=None, kernel: str | None = None, mma: str | None = None,
     descale=None, rescale_threshold: float | None = None, **run_kw,
 ) -> AttentionReport:
     """Run attention on q, k, v and check it against the float64 one-shot reference.
@@ -93,21 +93,23 @@ def attention_report(
     (forward, reverse, shuffle with `seed`) is the order to visit the K/V tiles in; splits also
     runs split-KV with that many chunks; progress(done, total) is called as Q tiles finish.
     kernel names the preset (kernel_for's default); a preset runs its own loop (emulate.py)
-    with mma, FP8's descale (emulate.Descale) and rescale_threshold (natural log, given to the
-    kernel in log2 units; None: the kernel's own), tiling.block_k replacing its tile width.
+    with mma (presets.mma_for: its tensor cores by default), FP8's descale (emulate.Descale)
+    and rescale_threshold (natural log, given to the kernel in log2 units; None: the kernel's
+    own), tiling.block_k replacing its tile width.
     """
     if opts.packing.active and (splits is not None or order != "forward"):
         raise OsmError("`splits` and `order` run on one dense batch; a varlen or paged batch "
                        "runs its sequences one by one")
     shown = model is not None or kernel is not None
     name = kernel_for(model, kernel, opts)
+    mma = mma_for(name, mma)
     tau = rescale_threshold
     if name not in (None, "tiles"):
         preset_refusals(name, order=order, form=tiling.form, splits=splits,
                         block_q=tiling.block_q, descale=descale, dtype=model.name)
         return _preset_report(q, k, v, opts, tiling, model, notes, name, mma, descale, tau,
                               with_reference, progress, shown, run_kw)
-    preset_refusals(name or "tiles", descale=descale, mma=mma)
+    preset_refusals(name or "tiles", descale=descale)
     if tau is not None:
         tiling = replace(tiling, threshold=tau)
     hooks = hooks_for(model, splits)

@@ -23,7 +23,7 @@ from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gradcheck import GRADS, GradCheck, check_grads
 from osm_cli.precision.model import Model
-from osm_cli.precision.presets import kernel_for, refuse_mma
+from osm_cli.precision.presets import kernel_for, mma_for
 from osm_cli.precision.rule import max_abs
 
 
@@ -40,7 +40,7 @@ class BackwardReport:
     verdicts: tuple[GradCheck, ...] = ()  # under --dtype: each gradient by the backward rule
     packed: Packed | None = None  # a varlen or paged batch's sequences (None: dense)
     kernel: str = "tiles"  # the preset whose forward gave O and LSE (presets.py)
-    mma: str = "blas"  # how that forward's matmuls rounded (emulate.MMAS)
+    mma: str = "blas"  # how the matmuls rounded (presets.mma_for: resolved, never None)
     shown: bool = False  # the kernel named on the screen (a model ran, or --kernel was given)
 
     @property
@@ -77,7 +77,7 @@ def _rows(grads: dict, res: Backward, layout: str, packed: Packed | None = None)
 def backward_report(
     q, k, v, do, opts: ScoreOptions, tiling: Tiling, *, out=None, lse=None,
     model: Model | None = None, notes: tuple = (), with_reference: bool = True,
-    kernel: str | None = None, mma: str = "blas", **run_kw,
+    kernel: str | None = None, mma: str | None = None, **run_kw,
 ) -> BackwardReport:
     """Run the backward on q, k, v, do (the forward's out and lse if given, else osm's own) and
     check it against the float64 closed-form gradients.
@@ -87,10 +87,10 @@ def backward_report(
     to the kernel's backward tiles, and each gradient is judged by the backward rule. kernel
     names the preset (kernel_for's default) whose forward gives O and LSE when none is given
     and whose backward is modelled (FA2's, or FA4's for fa4 and fa4-sm100: precision/
-    backward.py); mma is how the forward's matmuls round.
+    backward.py); mma is how the matmuls round (mma_for: a preset's tensor cores by default).
     """
     name = kernel_for(model, kernel, opts)
-    refuse_mma(name or "tiles", mma)
+    mma = mma_for(name, mma)
     shown = model is not None or kernel is not None
     if model is None:
         res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,

@@ -135,7 +135,7 @@ def score_runner(
 def attention_runner(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int | None = None,
     accum=np.float64, opts: ScoreOptions | None = None, model=None, kernel: str = "tiles",
-    mma: str = "blas", **options,
+    mma: str | None = None, **options,
 ) -> Callable[[int], Measure]:
     """run(block): attention with block_k = block (block_q fixed) over all of Q/K/V, the state
     in `accum`, against the float64 one-shot reference, computed once here.
@@ -187,13 +187,13 @@ def sweep_attention(
     blocks: Sequence[int], q: np.ndarray, k: np.ndarray, v: np.ndarray, *, accum=np.float64,
     block_q: int | None = None, dtype_bytes: int = 2, sram_bytes: int = 192 * 1024,
     opts: ScoreOptions | None = None, dtype: str | None = None, kernel: str | None = None,
-    mma: str = "blas", **options,
+    mma: str | None = None, **options,
 ) -> Sweep:
     """sweep of attention_runner over all of Q/K/V (block_q default 128), the state in `accum`;
     the model takes d, the lengths, heads and batch from Q and K. opts (or its fields as
     keywords) as attention's. dtype rounds Q, K, V to it and runs the flash model of `kernel`
     (default: fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise) at each block_k."""
-    from osm_cli.precision.presets import default_kernel, preset_refusals, refuse_mma
+    from osm_cli.precision.presets import default_kernel, mma_for, preset_refusals
 
     opts = split_options(options, opts)[0]
     if kernel not in (None, "tiles"):
@@ -209,7 +209,7 @@ def sweep_attention(
         (q, k, v), _ = round_inputs({"Q": q, "K": k, "V": v}, m.dtype)
     elif name != "tiles":
         raise InputError(f"`kernel` {name} models a 16-bit or FP8 kernel; give `dtype`")
-    refuse_mma(name, mma)
+    mma = mma_for(name, mma)
     (b, hq, t, d), s = as_bhnd(q, opts.layout, "Q").shape, as_bhnd(k, opts.layout, "K").shape[2]
     bq = 128 if block_q is None else block_q
     runner = attention_runner(q, k, v, block_q=block_q if m is not None else bq,

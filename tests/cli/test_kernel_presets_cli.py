@@ -27,7 +27,7 @@ def error_line(r) -> str:
 def test_mma_choices_are_gpu_ops():
     from osm_cli.precision.gpu_ops import MMAS
 
-    assert [m.value for m in Mma] == list(MMAS) == ["blas", "tensor-core"]
+    assert [m.value for m in Mma] == list(MMAS) == ["tensor-core", "blas"]
 
 
 @pytest.mark.parametrize("dtype, kernel", [("bf16", "fa2"), ("fp16", "fa2"),
@@ -36,7 +36,8 @@ def test_default_kernel_follows_dtype(dtype, kernel):
     r = osm("attention", *QKV, "--dtype", dtype, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["kernel"] == kernel and doc["mma"] == "blas"
+    assert doc["kernel"] == kernel  # a preset's matmuls are its tensor cores' unless --mma blas
+    assert doc["mma"] == ("blas" if kernel == "tiles" else "tensor-core")
     assert doc["masked_lse"] == ("pos-inf" if kernel == "fa2" else "neg-inf")
 
 
@@ -60,12 +61,17 @@ def test_attention_each_kernel(kernel, width):
     assert "…" not in r.stdout  # no number cut
 
 
-def test_fa2_kernel_line():
-    r = osm("attention", *QKV, "--dtype", "bf16", width=200)
-    line = next(ln for ln in r.stdout.splitlines() if ln.lstrip().startswith("kernel"))
-    assert " ".join(line.split()) == (
+@pytest.mark.parametrize("mma, matmuls", [
+    ([], "tensor cores' truncating accumulation"),
+    (["--mma", "tensor-core"], "tensor cores' truncating accumulation"),
+    (["--mma", "blas"], "matmuls by BLAS (--mma blas: within an ulp)")])
+def test_fa2_kernel_line(mma, matmuls):
+    r = osm("attention", *QKV, "--dtype", "bf16", *mma, width=200)
+    flat = " ".join(r.stdout.split())
+    assert (
         "kernel fa2: FlashAttention-2 forward (PyTorch's flash SDPA backend): K/V tiles of 128 "
-        "visited last to first; exp2 of S·c rounded, minus m·c; O·(1/l)")
+        f"visited last to first; exp2 of S·c rounded, minus m·c; O·(1/l); {matmuls} tiles "
+        "block_q 128") in flat
 
 
 def test_trace_in_kernel_order():
@@ -275,7 +281,8 @@ def test_backward_each_kernel(kernel, width):
     assert all(len(line) <= width for line in r.stdout.splitlines())
     doc = json.loads(osm("backward", *QKV, "samples/do.npy", "--dtype", "bf16",
                          "--kernel", kernel, "--json").stdout)
-    assert doc["kernel"] == kernel and doc["mma"] == "blas" and doc["own_forward"]
+    assert doc["kernel"] == kernel and doc["own_forward"]
+    assert doc["mma"] == ("blas" if kernel == "tiles" else "tensor-core")
 
 
 def test_backward_kernel_needs_dtype():

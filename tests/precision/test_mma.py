@@ -5,7 +5,9 @@ and backward."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import sys
 import zlib
 from pathlib import Path
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 
 import osm_cli.precision.gpu_ops as gpu_ops
 import osm_cli.precision.mma as mma
+from osm_cli.errors import OsmError
 from osm_cli.flash.options import split_options
 from osm_cli.precision.backward import flash_backward
 from osm_cli.precision.kernels import run_flash
@@ -254,3 +257,54 @@ def test_sample_captures_every_preset(kernel, name, monkeypatch):
     _with_reference(monkeypatch)
     slow = run_flash(m, q, k, v, kernel=kernel, mma="tensor-core", causal=True, trace_at=None)
     assert same_bits(fast.out, slow.out) and same_bits(fast.lse, slow.lse)
+
+
+# --- the default arithmetic ---------------------------------------------------------------------
+
+def _digest(*xs) -> str:
+    h = hashlib.sha256()
+    for x in xs:
+        h.update(np.ascontiguousarray(np.asarray(x, F32)).tobytes())
+    return h.hexdigest()[:16]
+
+
+DIGESTS = json.loads((Path(__file__).parent / "capture_digests.json").read_text())["digests"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_default_is_the_tensor_cores_bits_of_0_3_on_every_capture(case):
+    """With no mma a preset runs the tensor cores' arithmetic: forward (out, LSE) and backward
+    (dQ, dK, dV) bit for bit what mma="tensor-core" gave before it became the default
+    (capture_digests.json, made at 81b2524), on every capture."""
+    a = case.arrays
+    q, k, v = (a[n].astype(F32) for n in "qkv")
+    kernel = "fa4" if case.kernel == "fa4" else "fa2"
+    m = model(case.dtype)
+    fwd = run_flash(m, q, k, v, trace_at=None, kernel=kernel, **case.opts)
+    want = DIGESTS[case.label]
+    assert _digest(fwd.out, fwd.lse) == want["forward"]
+    if "backward" in want:
+        back = flash_backward(m, q, k, v, a["do"].astype(F32), kernel=kernel, trace_at=None,
+                              opts=split_options(dict(case.opts))[0])
+        assert _digest(back.dq, back.dk, back.dv) == want["backward"]
+    assert len(DIGESTS) == len(CASES)
+
+
+def test_blas_stays_the_quick_approximation():
+    """mma="blas" still runs numpy's BLAS (other bits than the default on a capture), and osm's
+    own tiles take BLAS by default and refuse the tensor cores."""
+    case = next(c for c in CASES if c.label == "flash/float16/causal")
+    q, k, v = (case.arrays[n].astype(F32) for n in "qkv")
+    m = model(case.dtype)
+    tc = run_flash(m, q, k, v, trace_at=None, kernel="fa2", **case.opts)
+    blas = run_flash(m, q, k, v, trace_at=None, kernel="fa2", mma="blas", **case.opts)
+    assert _digest(tc.out, tc.lse) == DIGESTS[case.label]["forward"]
+    assert _digest(blas.out, blas.lse) != DIGESTS[case.label]["forward"]
+    same = float(np.mean(blas.out == tc.out))
+    assert 0.98 < same < 1.0
+    from osm_cli.precision.presets import mma_for
+    assert mma_for("tiles", None) == "blas" and mma_for("fa4", None) == "tensor-core"
+    with pytest.raises(OsmError, match="tiles is osm's own loop"):
+        mma_for("tiles", "tensor-core")
+    with pytest.raises(OsmError, match="must be one of tensor-core, blas"):
+        mma_for("fa2", "fast")
