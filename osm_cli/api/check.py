@@ -50,7 +50,8 @@ def check(
     kernel : {{"fa2", "fa4", "fa4-sm100", "tiles"}}, optional
         The kernel whose model runs beside; None: fa2 for 16-bit, fa4-sm100 for FP8.
     mma : {{"tensor-core", "blas"}}, optional
-        How that model's matmuls round; None: the tensor cores' (bit-faithful).
+        How that model's matmuls round; None: a preset's "tensor-core" (bit-faithful), tiles'
+        "blas".
     q_descale, k_descale, v_descale : array (B, Hkv), optional
         FP8's descale factors: q, k, v hold x / descale.
     grad_rule : {{"fa3", "fa2"}}

@@ -171,7 +171,7 @@ def attention(
         rep = attention_report(
             q, k, v, opts, tiles.tiling(), model=lab, notes=notes, seed=seed,
             with_reference=not no_reference, progress=tick, kernel=kernel.name,
-            mma=kernel.how, descale=scales, trace_at=traced.at(), **tiles.keywords())
+            mma=kernel.mma_value, descale=scales, trace_at=traced.at(), **tiles.keywords())
     save((out_path, rep.stored_out, None), (lse_path, rep.result.lse, None),
          *attention_files(csv, plot, rep.result, q, k, opts, names))
     if as_json:

@@ -114,7 +114,7 @@ def backward(
         rep = backward_report(
             q, k, v, do, opts, Tiling(block_q=block_q, block_k=block_k), out=given.get("out"),
             lse=given.get("lse"), model=lab, notes=notes, with_reference=not no_reference,
-            kernel=kernel.name, mma=kernel.how, trace_at=traced.at(), trace_key=key,
+            kernel=kernel.name, mma=kernel.mma_value, trace_at=traced.at(), trace_key=key,
             progress=tick)
     res = rep.result
     save(*((path, storable(lab, x), None) for path, x in

@@ -137,7 +137,7 @@ def check(
     scales = descales.read()
     blocks_ok = block_mask is None or judge_block_mask(block_mask, opts, t["q"], t["k"])
     rep = judge(o, t.pop("q"), t.pop("k"), t.pop("v"), dt, opts=opts, kernel=kernel.name,
-                mma=kernel.how, descale=scales, **verdict.keywords(), **t)
+                mma=kernel.mma_value, descale=scales, **verdict.keywords(), **t)
     if as_json:
         emit_json(documents.check_doc(rep, flag))
     else:

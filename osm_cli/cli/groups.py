@@ -203,7 +203,7 @@ class Model:
         return _value(self.kernel)
 
     @property
-    def how(self) -> str | None:
+    def mma_value(self) -> str | None:
         """--mma's value; None: the library's default (presets.mma_for)."""
         return _value(self.mma)
 

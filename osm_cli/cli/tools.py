@@ -218,7 +218,7 @@ def _sweep_qkv(files, blocks, sram, block_q, dtype_bytes, accum: str, scores, ke
         dtype = dtype or shared_narrow(q, k, v)  # bf16 or FP8 inputs: their model
     res = sweep_attention(blocks, q, k, v, accum=accum, block_q=block_q, dtype_bytes=dtype_bytes,
                           sram_bytes=sram, opts=opts, dtype=dtype, kernel=kernel.name,
-                          mma=kernel.how)
+                          mma=kernel.mma_value)
     name = files[0] if len(files) == 1 else " ".join(files)
     shapes = (q.shape, k.shape, v.shape)
     return (res, name, render.attention_sweep_about(res, shapes, opts, accum),

@@ -10,6 +10,11 @@ attention's gradients, FlashAttention's test `pt` (docs/numerics.md#backward-pre
   tiles for the head dim (`fa2_backward_blocks`, `fa4_backward_blocks`).
 - plain: autograd through plain attention in the dtype (model.plain), each op rounded.
 
+A preset's backward (fa2, fa4) runs its kernel's own arithmetic instead (kernel_backward.py)
+where its matmuls are the tensor cores' (the default) and it models the options
+(`kernel_arithmetic`); the flash model above is then osm's own tiles', `mma="blas"`'s, and
+fa4-sm100's, ALiBi's, a score_mod's, a float mask's and FA2's softcap's.
+
 Leaves out: the tile loop (flash/backward.py), the verdict (rule.py), check (check.py).
 
 Example: flash_backward(model("bf16"), q, k, v, do, out, lse).dq
@@ -104,8 +109,7 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
         fwd = run_flash(m, q, k, v, trace_at=None, kernel=name, opts=opts, **extra)
         out, lse = fwd.out, fwd.lse
     hooks = flash_hooks(m, name)
-    if mma == "tensor-core" and name in KERNEL_BACKWARDS and m.p_round is not None \
-            and _kernel_takes(opts, name):
+    if kernel_arithmetic(name, m, opts, mma):
         hooks = replace(hooks, kernel=arith or kernel_backward(name, mma))
     res = attention_backward(q, k, v, do, out=out, lse=lse, opts=opts, tiling=tiling,
                              hooks=hooks, **kwargs)
@@ -119,13 +123,18 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
 _SCORE_FIELDS = frozenset(f.name for f in fields(ScoreOptions))
 
 
-def _kernel_takes(opts: ScoreOptions, name: str) -> bool:
-    """Whether the kernel's own backward arithmetic (kernel_backward.py) models these options:
-    not ALiBi, a score_mod, a float mask, nor FA2's softcap (osm's loop runs those)."""
+def kernel_arithmetic(name: str, m: Model, opts: ScoreOptions, mma: str) -> bool:
+    """Whether flash_backward runs kernel `name`'s own backward arithmetic (kernel_backward.py)
+    rather than osm's: with the tensor cores' matmuls (mma, resolved), for fa2 and fa4 in 16
+    bits, and for options it models: not ALiBi, a score_mod, a float mask, nor FA2's softcap.
+
+    Example: kernel_arithmetic("fa2", model("bf16"), ScoreOptions(), "tensor-core") -> True
+    """
     mask = opts.mask
-    return opts.alibi_slopes is None and opts.score_mod is None and (
-        name != "fa2" or opts.softcap is None) and (
-        mask is None or np.asarray(mask).dtype.kind == "b")
+    return (mma == "tensor-core" and name in KERNEL_BACKWARDS and m.p_round is not None
+            and opts.alibi_slopes is None and opts.score_mod is None
+            and (name != "fa2" or opts.softcap is None)
+            and (mask is None or np.asarray(mask).dtype.kind == "b"))
 
 
 def plain_backward(q, k, v, do, dtype, opts: ScoreOptions | None = None,
@@ -140,4 +149,4 @@ def plain_backward(q, k, v, do, dtype, opts: ScoreOptions | None = None,
 
 
 __all__ = ["GROUP_IN_FP32", "fa2_backward_blocks", "fa4_backward_blocks", "flash_backward",
-           "flash_hooks", "plain_backward"]
+           "flash_hooks", "kernel_arithmetic", "plain_backward"]

@@ -76,7 +76,7 @@ class CheckReport(Notebook):
     hint: str = ""
     grads: tuple = ()  # gradcheck.GradCheck per gradient judged (dq, dk, dv given)
     kernel: str | None = None  # the preset whose model ran beside (presets.py); None: no model
-    mma: str = "blas"  # how the model's matmuls rounded (presets.mma_for: resolved)
+    mma: str | None = None  # how the model's matmuls rounded (presets.mma_for); None: no model
     rule: str = "fa"  # the rule that gave the verdicts (names.CHECK_RULES)
     lse_base: str = "e"  # the base the kernel's LSE was read in
     tensors: tuple = ()  # diagnose.TensorVerdict per judged tensor (out, lse, dq, dk, dv)
@@ -137,9 +137,9 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     rule `grad_rule` (gradcheck.GRAD_RULES); dsink, the sinks' gradient (one per query head),
     by FlashAttention-4's (gradcheck._sink_check). kernel names the preset whose model runs beside
     (presets.py; default fa2 for 16-bit, fa4-sm100 for FP8, tiles otherwise), mma how its
-    matmuls round (presets.mma_for: the tensor cores' by default). descale (emulate.Descale,
-    FP8): q, k, v hold x / descale; the reference and plain attention see x, the model takes
-    the factors as the kernel does.
+    matmuls round (presets.mma_for: a preset's tensor cores, tiles' BLAS, by default).
+    descale (emulate.Descale, FP8): q, k, v hold x / descale; the reference and plain
+    attention see x, the model takes the factors as the kernel does.
     rule: "fa" (FlashAttention's, the default) or "model" (error ≤ 1.25× osm's model of the
     kernel, and no head biased) decides each tensor's verdict; a row that sees no key must be
     exactly 0 under both. lse_base: "e" or "2", the base of the kernel's LSE. probe: on a
@@ -159,7 +159,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     kname = kernel or default_kernel(dtype_name(dt), opts)
-    preset_refusals(kname, descale=descale, dtype=dtype_name(dt), mma=mma)  # with the model or not
+    preset_refusals(kname, descale=descale, dtype=dtype_name(dt))  # with the model or not
     mma = mma_for(kname, mma)
     given = {n: g for n, g in (("dq", dq), ("dk", dk), ("dv", dv), ("dsink", dsink))
              if g is not None}
@@ -218,7 +218,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
                             refs=base.get("grads"), pts=base.get("grad_pts"))
     rep = CheckReport(tuple(out.shape), notes, verdict, model_err, rows, heads,
                       int(np.count_nonzero(over)), int(over.size),
-                      "" if verdict.passed else _hint(out, dt), grads, name, mma)
+                      "" if verdict.passed else _hint(out, dt), grads, name,
+                      mma if with_model else None)
     diag = diagnose(rep, out=out, ref=ref, ref_d=ref_d, ref_lse=ref_lse, lse=lse,
                     lse_err=lse_err, row_err=row_err, model=mres, q=eq, k=ek, v=ev, opts=opts,
                     dt=dt, rule=rule, probe=probe, rules_table=rules_table,

@@ -17,7 +17,7 @@ from osm_cli.flash.forward import Attention, Hooks, attention
 from .emulate import run_kernel
 from .model import Model, finish
 from .names import KERNELS
-from .presets import SMS, fa2_plan, preset
+from .presets import SMS, fa2_plan, mma_for, preset
 
 
 def run_flash(m: Model, q, k, v, *, kernel: str | None = None,
@@ -34,8 +34,9 @@ def run_flash(m: Model, q, k, v, *, kernel: str | None = None,
     if name not in KERNELS:
         raise OsmError(f"unknown kernel {name!r}; the presets are {', '.join(KERNELS)}")
     if name == "tiles":
-        for key in ("mma", "descale", "threshold", "ops"):
-            if kwargs.pop(key, None) not in (None, "blas"):
+        mma_for(name, kwargs.pop("mma", None))  # tiles take numpy's matmuls only
+        for key in ("descale", "threshold", "ops"):
+            if kwargs.pop(key, None) is not None:
                 raise OsmError(f"`{key}` belongs to a kernel preset; `kernel` tiles is osm's own "
                                "loop")
         return finish(m, attention(q, k, v, hooks=Hooks(m.accum, m.p_round), **kwargs))

@@ -22,7 +22,8 @@ PRECISIONS = ("flash", "naive")  # docs/numerics.md#precision-model
 ACCUMS = ("float32", "float64")
 KERNELS = ("fa2", "fa4", "fa4-sm100", "tiles")  # presets.py (docs/numerics.md#kernel-presets)
 MMAS = ("tensor-core", "blas")  # how a preset's matmuls round (gpu_ops.matmul)
-DEFAULT_MMA = "tensor-core"  # a preset's own, bit for bit; "blas" for osm's own tiles
+PRESET_MMA = "tensor-core"  # a preset's matmuls unless told (presets.mma_for): bit for bit
+TILES_MMA = "blas"  # osm's own tiles' matmuls: numpy's, the only ones they take
 GRAD_RULES = ("fa3", "fa2")  # gradcheck.py's rules for gradients (docs/numerics.md#grad-rule)
 CHECK_RULES = ("fa", "model")  # check's verdict: FlashAttention's rule, or 1.25× osm's model
 
@@ -35,5 +36,5 @@ def canonical(name: str) -> str:
     return key
 
 
-__all__ = ["ACCUMS", "ALIASES", "CHECK_RULES", "DEFAULT_MMA", "DTYPE_NAMES", "GRAD_RULES",
-           "KERNELS", "MMAS", "PRECISIONS", "canonical"]
+__all__ = ["ACCUMS", "ALIASES", "CHECK_RULES", "DTYPE_NAMES", "GRAD_RULES", "KERNELS", "MMAS",
+           "PRECISIONS", "PRESET_MMA", "TILES_MMA", "canonical"]

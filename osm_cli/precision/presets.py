@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from osm_cli.errors import OsmError
 
-from .names import DEFAULT_MMA, KERNELS, MMAS
+from .names import KERNELS, MMAS, PRESET_MMA, TILES_MMA
 
 SIXTEEN = ("float16", "bfloat16")
 EIGHT = ("float8_e4m3fn", "float8_e5m2")
@@ -195,18 +195,18 @@ def fa2_plan(b: int, h: int, t: int, s: int, d: int, sms: int = SMS) -> tuple[in
 
 def mma_for(kernel: str | None, mma: str | None) -> str:
     """How the matmuls of a run of `kernel` round: `mma` where given, else a preset's own
-    arithmetic, the tensor cores' truncating accumulation (DEFAULT_MMA: bit for bit, at about
-    twice BLAS's time: benchmarks/bench_mma.py), and numpy's BLAS for osm's own tiles (or
-    None: no tiles). One Error line for another mode, or tensor-core on osm's own loop, whose
-    matmuls are numpy's. Every entry point resolves its `mma` here.
+    arithmetic, the tensor cores' truncating accumulation (PRESET_MMA: bit for bit, at about
+    twice BLAS's time: benchmarks/bench_mma.py), and numpy's BLAS for osm's own tiles
+    (TILES_MMA; also for None: no tiles). One Error line for another mode, or tensor-core on
+    osm's own loop, whose matmuls are numpy's. Every entry point resolves its `mma` here.
 
     Example: mma_for("fa2", None) -> "tensor-core"; mma_for("tiles", None) -> "blas"
     """
     if mma is None:
-        return "blas" if kernel in (None, "tiles") else DEFAULT_MMA
+        return TILES_MMA if kernel in (None, "tiles") else PRESET_MMA
     if mma not in MMAS:
         raise OsmError(f"`mma` must be one of {', '.join(MMAS)}, not {mma!r}")
-    if kernel in (None, "tiles") and mma != "blas":
+    if kernel in (None, "tiles") and mma != TILES_MMA:
         raise OsmError(f"`mma` {mma} models a kernel preset's matmuls; `kernel` tiles is osm's "
                        "own loop")
     return mma

@@ -20,7 +20,7 @@ from .stepmode import frame
 from .verdicts import precision_summary
 
 
-def kernel_text(name: str, block_k: int | None = None, splits: int = 1, *, mma: str = "blas",
+def kernel_text(name: str, block_k: int | None = None, splits: int = 1, *, mma: str,
                 dtype: str | None = None, block_k_given: bool = False) -> str:
     """One line on the kernel a run modelled (precision/presets.py): its tile width (block_k;
     None: not said) and order, split-KV, exp, lazy rescale, FP8's offset, the normalisation,

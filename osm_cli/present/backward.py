@@ -36,10 +36,12 @@ def backward_summary(rep) -> Table:
         line = kernel_text(rep.kernel, mma=rep.mma,
                            dtype=None if rep.model is None else rep.model.name)
         fa4 = rep.kernel in ("fa4", "fa4-sm100")
-        bwd = ("FA4's model: its tiles below, GQA's dK, dV summed in float32" if fa4
-               else "FA2's model, tiles below")
-        rows.append(("kernel", f"{line} ({what}; the backward: {bwd})"
-                     if rep.kernel != "tiles" else f"{line} ({what})"))
+        how = ("its own arithmetic" if rep.kernel_arith else
+               "osm's arithmetic, BLAS matmuls")  # kernel_backward.py, or osm's flash model
+        bwd = (f"FA4's, {how}: its tiles below, GQA's dK, dV summed in float32" if fa4
+               else f"FA2's, {how}: tiles below")
+        rows.append(("kernel", f"{line}; {what}; the backward: {bwd}"
+                     if rep.kernel != "tiles" else f"{line}; {what}"))
     rows += [
         ("forward", forward),
         ("D = rowsum(dO∘O)", _range(d)),

@@ -376,6 +376,8 @@ def backward_doc(rep) -> dict:
     doc = {
         "kernel": rep.kernel, "mma": rep.mma,  # the preset whose forward gave O and LSE
         **_run_doc(r), "own_forward": r.own_forward,
+        # the kernel's own backward arithmetic (kernel_backward.py), or osm's flash model
+        "backward_arithmetic": "kernel" if rep.kernel_arith else "osm",
         "block_q": r.tiles.block_q, "block_k": r.tiles.block_k,
         "tiles_computed": r.tiles.computed, "tiles_skipped": r.tiles.skipped,
         "tiles_total": r.tiles.total, "masked_rows": r.counters.masked_rows,
@@ -452,7 +454,8 @@ def attention_sweep_doc(res, name: str, accum: str, shapes, opts) -> dict:
     doc.update(shape_q=list(sq), shape_k=list(sk), shape_v=list(sv), batch=res.batch,
                heads=res.heads, causal=opts.causal, causal_align=opts.causal_align,
                window=None if window is None else list(window), mask=opts.mask is not None,
-               error_of="O", kernel=getattr(res, "kernel", None), dtype=getattr(res, "dtype", None))
+               error_of="O", kernel=getattr(res, "kernel", None), dtype=getattr(res, "dtype", None),
+               mma=getattr(res, "mma", None))  # a model's matmuls (None: no model ran)
     return doc
 
 

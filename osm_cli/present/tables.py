@@ -177,8 +177,10 @@ def attention_sweep_about(result, shapes, opts, accum: str) -> str:
     sq, sk, sv = (tuple(x) for x in shapes)
     run = f"the tiled forward at each block_k (state in {accum})"
     if getattr(result, "dtype", None) is not None:
+        matmuls = ("the tensor cores' matmuls" if result.mma == "tensor-core"
+                   else "BLAS's matmuls")
         run = (f"kernel {result.kernel}'s model in {result.dtype} at each block_k (its own "
-               "tile width replaced)" if result.kernel != "tiles" else
+               f"tile width replaced; {matmuls})" if result.kernel != "tiles" else
                f"osm's tiles, the flash model in {result.dtype}, at each block_k")
     return (f"Q {sq}  K {sk}  V {sv}, {', '.join(masks) or 'no mask'}\nB = {result.batch}, "
             f"H = {result.heads}, {result.n_q} queries × {result.n_k} keys per head: {run}")

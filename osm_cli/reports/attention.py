@@ -126,7 +126,7 @@ def attention_report(
         base = Baseline(order, float(tiling.threshold or 0.0), res.counters.rescales,
                         plain.counters.rescales,
                         max_abs_diff(res.out, plain.out), max_abs_diff(res.lse, plain.lse))
-    extra = {"kernel": name, "shown": shown}
+    extra = {"kernel": name, "mma": mma, "shown": shown}
     if not with_reference:
         return AttentionReport(res, model, notes, split, baseline=base, **extra)
     errs, ref_rows, verdict = _judged(res, model, (q, k, v), opts)

@@ -19,7 +19,7 @@ from osm_cli.flash.options import ScoreOptions, Tiling
 from osm_cli.flash.packed import Packed, plan_packing, traced_row
 from osm_cli.flash.reference import reference_backward
 from osm_cli.flash.shapes import as_bhnd
-from osm_cli.precision.backward import flash_backward
+from osm_cli.precision.backward import flash_backward, kernel_arithmetic
 from osm_cli.precision.dtypes import Rounding
 from osm_cli.precision.gradcheck import GRADS, GradCheck, check_grads
 from osm_cli.precision.model import Model
@@ -41,6 +41,7 @@ class BackwardReport:
     packed: Packed | None = None  # a varlen or paged batch's sequences (None: dense)
     kernel: str = "tiles"  # the preset whose forward gave O and LSE (presets.py)
     mma: str = "blas"  # how the matmuls rounded (presets.mma_for: resolved, never None)
+    kernel_arith: bool = False  # the backward ran the kernel's own arithmetic (kernel_backward)
     shown: bool = False  # the kernel named on the screen (a model ran, or --kernel was given)
 
     @property
@@ -100,7 +101,8 @@ def backward_report(
         res = flash_backward(model, q, k, v, do, out, lse, opts=opts,
                              tiling=tiling if given else None, kernel=name, mma=mma, **run_kw)
     packed = plan_packing(q, k, v, opts.packing) if opts.packing.active else None
-    about = {"kernel": name, "mma": mma, "shown": shown}
+    about = {"kernel": name, "mma": mma, "shown": shown,
+             "kernel_arith": model is not None and kernel_arithmetic(name, model, opts, mma)}
     rep = BackwardReport(res, opts.layout, model, notes, packed=packed, **about)
     if not with_reference:
         return rep

@@ -72,6 +72,7 @@ class Sweep:
     fa1_block: tuple[int, int]  # FA1's (B_r, B_c) for this SRAM
     kernel: str | None = None  # Q/K/V: the kernel preset each run modelled (presets.py)
     dtype: str | None = None  # … in this dtype (None: the inputs unrounded, state in accum)
+    mma: str | None = None  # … with these matmuls (presets.mma_for; None: no model ran)
 
 
 def sweep(
@@ -216,7 +217,8 @@ def sweep_attention(
                               accum=np.dtype(accum), opts=opts, model=m, kernel=name, mma=mma)
     res = sweep(blocks, runner, n_q=t, n_k=s, d=d, heads=hq, batch=b, dtype_bytes=dtype_bytes,
                 sram_bytes=sram_bytes, block_q=bq)
-    return replace(res, kernel=name, dtype=None if m is None else m.name)
+    return replace(res, kernel=name, dtype=None if m is None else m.name,
+                   mma=None if m is None else mma)
 
 
 __all__ = [

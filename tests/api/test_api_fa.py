@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -189,3 +190,49 @@ def test_fa2_split_kv_of_a_bnhd_batch_is_the_bhnd_one():
                           dtype="bf16", kernel="fa2", trace_at=None)
     assert a.options.splits == b.options.splits > 1
     assert np.array_equal(a.out, b.out.transpose(0, 2, 1, 3)) and np.array_equal(a.lse, b.lse)
+
+
+# --- the matmuls every entry point runs (presets.mma_for) ---------------------------------------
+
+@pytest.mark.parametrize("entry", ["attention", "attention_backward", "check",
+                                   "assert_attention_close", "run_kernel", "sweep_attention"])
+@pytest.mark.parametrize("mma", [None, "blas"])
+def test_every_entry_point_resolves_mma(entry, mma, monkeypatch, qkv):
+    """No mma: every entry point that runs a preset runs the tensor cores' matmuls (forward and
+    backward: its kernel's own arithmetic); mma="blas": BLAS's, in every matmul; never
+    anything else reaches gpu_ops.matmul."""
+    import osm_cli.precision.emulate as emulate
+    import osm_cli.precision.gpu_ops as gpu_ops
+    import osm_cli.precision.kernel_backward as kernel_backward
+    from osm_cli.kernels import run_kernel
+    from osm_cli.studies.sweep import sweep_attention
+    from osm_cli.testing import assert_attention_close
+
+    seen = []
+
+    def spy(a, b, how, c=None):
+        seen.append(how)
+        return gpu_ops.matmul(a, b, how, c)
+
+    monkeypatch.setattr(emulate, "matmul", spy)
+    monkeypatch.setattr(kernel_backward, "matmul", spy)
+    q, k, v, do = (x.astype(np.float32) for x in qkv(40, 40, 16, heads=(2, 1), b=1, do=True,
+                                                      dtype=ml_dtypes.bfloat16))
+    kw = {} if mma is None else {"mma": mma}
+    out = osm_cli.attention(q, k, v, causal=True, dtype="bf16", mma="blas").out
+    seen.clear()
+    if entry == "attention":
+        osm_cli.attention(q, k, v, causal=True, dtype="bf16", **kw)
+    elif entry == "attention_backward":
+        osm_cli.attention_backward(q, k, v, None, do, causal=True, dtype="bf16", **kw)
+    elif entry == "check":
+        osm_cli.check(q, k, v, out, causal=True, dtype="bf16", **kw)
+    elif entry == "assert_attention_close":
+        assert_attention_close(out, q, k, v, causal=True, dtype="bf16", **kw)
+    elif entry == "run_kernel":
+        run_kernel(q, k, v, kernel="fa4", causal=True, dtype="bf16", **kw)
+    else:
+        sweep_attention([8, 16], q, k, v, causal=True, dtype="bf16", **kw)
+    assert seen and set(seen) == {mma or "tensor-core"}
+    if entry == "attention_backward" and mma is None:  # the kernel's own backward: five
+        assert len(seen) >= 2 + 5  # matmuls a tile pair after the forward's two

@@ -155,10 +155,51 @@ def test_rescale_threshold_with_preset():
     assert doc["baseline"]["rescales"] <= doc["baseline"]["rescales_eager"]
 
 
-def test_tensor_core_mma():
-    r = osm("attention", *QKV, "--dtype", "bf16", "--mma", "tensor-core", "--json")
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["mma"] == "tensor-core"
+@pytest.mark.parametrize("command", ["attention", "backward", "check", "sweep"])
+def test_mma_in_json_is_what_ran(command, tmp_path):
+    """Each command's JSON names the matmuls that ran: the default (tensor-core) or --mma blas,
+    never null where a model ran; sweep and check say null where none did."""
+    files = {"attention": QKV, "backward": [*QKV, "samples/do.npy"],
+             "sweep": [*QKV, "--blocks", "4,8"]}
+    if command == "check":
+        z = np.load("samples/qkv.npz")
+        np.savez(tmp_path / "b.npz", q=z["q"], k=z["k"], v=z["v"],
+                 out=json_out(z["q"], z["k"], z["v"]))
+        files["check"] = [str(tmp_path / "b.npz")]
+    for mma, want in (([], "tensor-core"), (["--mma", "blas"], "blas")):
+        r = osm(command, *files[command], "--dtype", "bf16", *mma, "--json", code=0)
+        assert json.loads(r.stdout)["mma"] == want
+    if command in ("sweep", "check"):
+        plain = ["--no-model", "--dtype", "bf16"] if command == "check" else []
+        r = osm(command, *files[command], *plain, "--json", code=0)
+        assert json.loads(r.stdout)["mma"] is None
+
+
+def json_out(q, k, v):
+    """softmax(QKᵀ/√d)·V in float32, rounded to bfloat16 values (a correct kernel's output)."""
+    import ml_dtypes
+
+    q, k, v = (np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+               for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = (p / p.sum(-1, keepdims=True)) @ v
+    return o.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel, mma, options, arithmetic", [
+    ("fa2", [], [], "kernel"), ("fa4", [], [], "kernel"), ("fa2", ["--mma", "blas"], [], "osm"),
+    ("fa4-sm100", [], [], "osm"), ("fa2", [], ["--alibi-slopes", "auto"], "osm")])
+def test_backward_says_whose_arithmetic_ran(kernel, mma, options, arithmetic):
+    """A preset's backward runs its kernel's own arithmetic only with the tensor cores and the
+    options it models (precision/backward.py kernel_arithmetic); the summary and the JSON say
+    which ran."""
+    args = [*QKV, "samples/do.npy", "--dtype", "bf16", "--kernel", kernel, *mma, *options]
+    doc = json.loads(osm("backward", *args, "--json", code=0).stdout)
+    assert doc["backward_arithmetic"] == arithmetic
+    flat = " ".join(osm("backward", *args, width=100, code=0).stdout.split())
+    own = "its own arithmetic" if arithmetic == "kernel" else "osm's arithmetic, BLAS matmuls"
+    assert f"the backward: {'FA4' if 'fa4' in kernel else 'FA2'}'s, {own}" in flat
 
 
 # FP8 descales
