@@ -149,17 +149,23 @@ def check(
 
 
 def ignored(files: list[str], strict: bool) -> None:
-    """A BUNDLE's arrays check does not use: refused under --strict, else listed on stderr."""
+    """The arrays check does not use: a BUNDLE's, or what the QKV of OUT QKV holds beside q, k,
+    v (an LSE there is not judged); refused under --strict, else listed on stderr."""
     from osm_cli import io
     from osm_cli.reports.rules import bundle_unused
 
-    if len(files) != 1:
+    if len(files) == 1:
+        path, unused = files[0], io.unused_names(files[0])
+        why = f"osm check does not use {'it' if len(unused) == 1 else 'them'}"
+    elif len(files) == 2:  # OUT QKV: only q, k, v are read from QKV
+        path, unused = files[1], io.unused_names(files[1], ("q", "k", "v"), inputs=False)
+        why = "OUT QKV reads only q, k, v from it"
+    else:
         return
-    unused = io.unused_names(files[0])
-    bundle_unused(files[0], unused, strict)
+    bundle_unused(path, unused, strict)
     if unused:
-        err.print(f"ignored: {', '.join(unused)} ({files[0]}: osm check does not use "
-                  f"{'it' if len(unused) == 1 else 'them'})", markup=False, soft_wrap=True)
+        err.print(f"ignored: {', '.join(unused)} ({path}: {why})", markup=False,
+                  soft_wrap=True)
 
 
 def judge_block_mask(path: str, opts, q, k) -> bool:

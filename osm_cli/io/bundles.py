@@ -54,16 +54,18 @@ def bundle_keys(path: Path, names: list[str] | None = None) -> dict[str, str]:
     return found
 
 
-def unused_names(path: str | Path, used: tuple[str, ...] = BUNDLE_NAMES) -> list[str]:
+def unused_names(path: str | Path, used: tuple[str, ...] = BUNDLE_NAMES,
+                 inputs: bool = True) -> list[str]:
     """The arrays of a bundle that are none of `used` (osm's names, under any of their
-    TENSOR_NAMES) nor a kernel input osm reads (INPUT_NAMES); [] for a file that is no bundle.
-    Example: unused_names("flash_out.npz") -> ["S_dmask"]"""
+    TENSOR_NAMES) nor, where `inputs`, a kernel input osm reads (INPUT_NAMES); [] for a file
+    that is no bundle. Example: unused_names("flash_out.npz") -> ["S_dmask"]"""
     path = Path(path)
     if not is_bundle(path):
         return []
     names = tensor_names(path)
     taken = {a for n in used for a in TENSOR_NAMES.get(n, (n,))}
-    taken |= {a for aliases in INPUT_NAMES.values() for a in aliases}
+    if inputs:
+        taken |= {a for aliases in INPUT_NAMES.values() for a in aliases}
     taken.add(META)
     return [n for n in names if n not in taken]
 

@@ -65,6 +65,30 @@ def test_strict_refuses_unused_arrays(tmp_path):
     assert p.read_bytes() == before
 
 
+def test_out_qkv_lists_what_qkv_holds_beside_q_k_v(tmp_path):
+    """OUT QKV reads only q, k, v from QKV: a softmax_lse saved there (a base-2 one) is not
+    judged, so it is listed on the "ignored:" line, or refused with --strict, never dropped
+    silently (it was: the check passed with no word)."""
+    p = _bundle(tmp_path / "fa.npz", "lse_base2", cu_seqlens_q=np.array([0, 192], np.int32))
+    with np.load(p) as z:
+        arrays = dict(z)
+    out = tmp_path / "out.npy"
+    np.save(out, arrays.pop("out"))
+    qkv_path = tmp_path / "qkv.npz"
+    np.savez(qkv_path, **arrays)
+    args = ["check", str(out), str(qkv_path), "--causal", "--layout", "bnhd", "--dtype", "bf16"]
+    r = osm(*args)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == (f"ignored: softmax_lse, S_dmask, cu_seqlens_q ({qkv_path}: OUT QKV reads "
+                        "only q, k, v from it)\n")
+    r = osm(*args, "--strict")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: {qkv_path}: holds softmax_lse, S_dmask, cu_seqlens_q, which osm "
+                        "check does not use (--strict refuses them)\n")
+    np.savez(qkv_path, q=arrays["q"], k=arrays["k"], v=arrays["v"])
+    assert osm(*args).stderr == ""
+
+
 def test_two_names_of_one_tensor_refused(tmp_path):
     q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
                   seed=1, stream=True)
