@@ -61,7 +61,7 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
              dt, rule: str, probe: bool, rules_table: bool, blocks_known: bool,
              given: dict) -> dict:
     """CheckReport's fields beyond FlashAttention's verdict (see check.check)."""
-    from .check import lse_rows, rows_view, view_of
+    from .check import lse_rows, rows_view, view_of, worst
 
     view = view_of(opts)
     out4 = rows_view(out, view)
@@ -138,6 +138,12 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
                                   () if found is None else found.of(name))
                     for name, r, fa, ok, why in verdicts)
     rows = rep.rows
+    # the worst rows ranked by the tensor that fails under the deciding rule: by the LSE when it
+    # fails and the output does not (check ranked them by FlashAttention's verdicts)
+    fails = {name for name, _, _, ok, _ in verdicts if not ok}
+    by_lse = "lse" in fails and "out" not in fails
+    if rows and by_lse != (vd.lse is not None and not vd.lse.passed and vd.rule.passed):
+        rows = worst(out, ref_d, lse_err, vd.rule.bound, dt, view, len(rows), by_lse=by_lse)[0]
     if cu_q is not None:
         cu = np.asarray(cu_q, dtype=np.int64)
         rows = tuple(replace(x, batch=int(np.searchsorted(cu, x.query, side="right") - 1),

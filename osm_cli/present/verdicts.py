@@ -94,9 +94,14 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
     fwd = [t for t in rep.tensors if t.tensor in ("out", "lse")]
     over = f"{rep.rows_over} of {rep.total_rows}"
     lse_only = [t for t in rep.failures if t.tensor == "lse" and t.location is not None]
+    out_model = [t for t in rep.failures if t.tensor == "out" and t.rule == "model"
+                 and t.location is not None]
     if lse_only and not any(t.tensor == "out" for t in rep.failures):
         loc = lse_only[0].location
         over = f"{over} (LSE: {loc.rows_over} of {loc.total_rows})"
+    elif out_model:  # the count above is FlashAttention's rule's
+        loc = out_model[0].location
+        over = f"{over} (model rule: {loc.rows_over} of {loc.total_rows})"
     rows_kv += [("rows over the bound", over),
                 ("verdict", pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
     t = kv_table(rows_kv)
@@ -195,9 +200,12 @@ def fail_line(rep, flag=None) -> str:
 
     if failing("out", not v.rule.passed):
         r = judged("out", v.rule)
+        loc = None if fails is None else fails["out"].location
+        over, total = (rep.rows_over, rep.total_rows) if loc is None else (loc.rows_over,
+                                                                          loc.total_rows)
         parts.append(f"max|out − ref| = {r.err:.3g} {'>' if not r.passed else '≤'} "
-                     f"{diagnosis.terms(r)} = {r.bound:.3g} ({v.dtype}); {rep.rows_over} of "
-                     f"{rep.total_rows} rows over the bound" + extra("out"))
+                     f"{diagnosis.terms(r)} = {r.bound:.3g} ({v.dtype}); {over} of "
+                     f"{total} rows over the bound" + extra("out"))
     if v.lse is not None and failing("lse", not v.lse.passed):
         r = judged("lse", v.lse)
         parts.append(f"max|lse − ref| = {r.err:.3g} > {diagnosis.terms(r)} = {r.bound:.3g}"

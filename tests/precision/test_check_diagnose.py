@@ -17,6 +17,7 @@ import pytest
 from conftest import qkv, rand
 from osm_cli.cli.flags import flag
 from osm_cli.precision.check import check
+from osm_cli.present.console import as_text
 from osm_cli.present.diagnosis import advice, failures_text
 from tests.kernels.planted import flash, planted
 
@@ -155,6 +156,30 @@ def test_bf16_accumulation_fails_model_rule_only():
     out = _tensor(rep, "out")
     assert not out.passed and out.judged.err > 1.25 * rep.model_err
     assert out.rule == "model" and "1.25× osm's fa2 model" in out.judged.note
+
+
+def test_model_rule_failure_counts_and_ranks_its_own_rows():
+    """Under --rule model the FAIL line counts the rows over the model rule's bound (the
+    JSON's and assert_attention_close's count), not FlashAttention's 0, and an LSE failing
+    only the model rule ranks the worst rows by |LSE − ref|, as their title says."""
+    from osm_cli.present.verdicts import check_report, fail_line
+
+    q, k, v = qkv(512, 512, 64, heads=(2, 2), b=1, **BNHD)
+    rep = _judge(planted("bf16_accumulation"), q, k, v, causal=True, rule="model")
+    loc = _tensor(rep, "out").location
+    assert rep.rows_over == 0 < loc.rows_over
+    assert f"; {loc.rows_over} of 1024 rows over the bound; where: " in fail_line(rep)
+    assert f"0 of 1024 (model rule: {loc.rows_over} of 1024)" in " ".join(
+        as_text(check_report(rep, "out", 3)).split())
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
+    out, lse = flash(q, k, v, causal=True)
+    lse = lse.copy()
+    lse[0, 2, 77] += np.float32(1e-4)  # far inside FlashAttention's LSE bound, not the model's
+    rep = check(out, q, k, v, "bf16", lse=lse, causal=True, layout="bnhd", rule="model", top=2)
+    assert [t.tensor for t in rep.failures] == ["lse"] and _tensor(rep, "out").passed
+    assert (rep.rows[0].head, rep.rows[0].query) == (2, 77)
+    assert rep.rows[0].lse_err >= rep.rows[1].lse_err
+    assert "worst 2 rows by |LSE − ref|" in as_text(check_report(rep, "out", 2))
 
 
 def test_head_scale_flagged_and_fails_model_rule():
