@@ -29,7 +29,8 @@ def assert_attention_close(
     dtype=None, kernel: str | None = None, mma: str | None = None, q_descale=None,
     k_descale=None, v_descale=None, grad_rule: str = "fa3", rule: str = "fa",
     lse_base: str = "e", probe: bool = True, rules_table: bool = False, top: int = 5,
-    msg: str | None = None, do=None, scale: float | None = None, window=None, mask=None,
+    with_model: bool = True, msg: str | None = None, do=None, scale: float | None = None,
+    window=None, mask=None,
 ) -> None:
     """Raise AssertionError, with osm check's report, unless `out` (and `lse`) are what a
     faithful FlashAttention kernel computes for q, k, v.
@@ -41,7 +42,7 @@ def assert_attention_close(
     lse, dout, dq, dk, dv, dsink, softmax_scale, causal, window_size, softcap, alibi_slopes,
     learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, layout, kv_layout,
     causal_align, attn_mask, dtype, kernel, mma, q_descale, k_descale, v_descale, grad_rule,
-    rule, lse_base, probe, rules_table, top
+    rule, lse_base, probe, rules_table, top, with_model
         As `osm_cli.check` takes them (FlashAttention's names); dtype defaults to out's own;
         an unknown kernel is a ValueError naming the known ones.
     msg : str, optional
@@ -90,7 +91,7 @@ def assert_attention_close(
         page_table=page_table, layout=layout, kv_layout=kv_layout, causal_align=causal_align,
         score_mod=score_mod, mask_mod=mask_mod, dtype=dtype, kernel=kernel, mma=mma,
         grad_rule=grad_rule, rule=rule, lse_base=lse_base, probe=probe,
-        rules_table=rules_table, top=top)
+        rules_table=rules_table, top=top, with_model=with_model)
     if rep.passed:
         return
     head = f"{msg}\n" if msg else ""

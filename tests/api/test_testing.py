@@ -182,3 +182,19 @@ def test_torch_tensors_keep_their_dtype():
     if hasattr(torch, "float8_e4m3fn"):
         f8 = torch.tensor([0.5, 448.0]).to(torch.float8_e4m3fn)
         assert as_numpy(f8).dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def test_takes_every_keyword_check_takes():
+    """Issue 22: assert_attention_close takes every keyword osm_cli.check takes (with_model was
+    missing: a TypeError), and with_model=False reaches check."""
+    import inspect
+
+    from osm_cli import check
+
+    mine = inspect.signature(assert_attention_close).parameters
+    assert [n for n in inspect.signature(check).parameters if n not in mine] == []
+    out, q, k, v, lse = _kernel()
+    assert_attention_close(out, q, k, v, lse=lse, causal=True, dtype="bf16", with_model=False)
+    with pytest.raises(OsmError, match="needs the model"):
+        assert_attention_close(out, q, k, v, causal=True, dtype="bf16", rule="model",
+                               with_model=False)
