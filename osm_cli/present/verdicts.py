@@ -102,8 +102,10 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
     elif out_model:  # the count above is FlashAttention's rule's
         loc = out_model[0].location
         over = f"{over} (model rule: {loc.rows_over} of {loc.total_rows})"
+    # with gradients judged this is the forward's verdict alone ("verdict, all" closes them)
     rows_kv += [("rows over the bound", over),
-                ("verdict", pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
+                ("verdict, out and LSE" if rep.grads else "verdict",
+                 pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
     t = kv_table(rows_kv)
     ranked = next((x.tensor for x in rep.failures if x.tensor in ("out", "lse")), "out")
     title = (f"worst {min(top, len(rep.rows))} rows by |LSE − ref|" if ranked == "lse" else

@@ -225,6 +225,12 @@ def test_dq_head_located():
     dqv = _tensor(rep, "dq")
     assert dqv.location.patterns[-1] == "head 0 of 4"
     assert any("dQ in head 0 of batch 0 is 1.1" in advice(f) for f in dqv.findings)
+    # the forward's own PASS says whose it is, not a bare "verdict PASS" above dQ's FAIL
+    from osm_cli.present.verdicts import check_report
+
+    text = " ".join(as_text(check_report(rep, "out", 3)).split())
+    assert "verdict, out and LSE PASS" in text and "verdict, all FAIL" in text
+    assert " verdict PASS" not in text
 
 
 def test_varlen_shift_located_by_sequence():
