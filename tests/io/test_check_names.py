@@ -89,6 +89,25 @@ def test_out_qkv_lists_what_qkv_holds_beside_q_k_v(tmp_path):
     assert osm(*args).stderr == ""
 
 
+def test_a_cut_short_or_foreign_bundle_is_said_so(tmp_path):
+    """A BUNDLE cut short (a copy or download interrupted) or not an array file at all is one
+    Error line saying so, not "one array; check takes BUNDLE …" (what a lone .npy gets)."""
+    whole = _bundle(tmp_path / "fa.npz").read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not an array file")
+    lone = tmp_path / "out.npy"
+    np.save(lone, np.zeros(3, np.float32))
+    for path, said in ((cut, "not a valid .npz file (a zip archive without its directory: "
+                             "truncated?)"),
+                       (junk, "not a valid .npy/.npz file (it has no NPY header)"),
+                       (lone, "one array; check takes BUNDLE")):
+        r = osm("check", str(path))
+        assert r.exit_code == 1 and r.stdout == ""
+        assert r.stderr.startswith(f"Error: {path}: {said}") and r.stderr.count("\n") == 1
+
+
 def test_two_names_of_one_tensor_refused(tmp_path):
     q, k, v = qkv(192, 192, 32, heads=(4, 2), b=1, layout="bnhd", dtype=BF16,
                   seed=1, stream=True)
