@@ -154,8 +154,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     if str(lse_base) not in LSE_BASES:
         raise OsmError(f"`lse_base` must be one of {', '.join(LSE_BASES)}, not {lse_base!r}")
     if rule == "model" and not with_model:
-        raise OsmError("`rule` model judges against osm's model of the kernel; it needs the "
-                       "model (`with_model`)")
+        raise OsmError("`rule` model judges against osm's model of the kernel, which "
+                       "`with_model` False skips: give one of them")
     opts = split_options(options, opts)[0]
     dt = resolve_dtype(dtype)[1] if isinstance(dtype, str) else np.dtype(dtype)
     kname = kernel or default_kernel(dtype_name(dt), opts)

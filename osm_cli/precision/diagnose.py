@@ -23,7 +23,15 @@ from .locate import BLOCKS, Location, locate, tile_map
 from .probe import Case, Finding, Float64Heads
 from .probe import probe as run_probe
 from .rule import Rule, lse_errors, max_abs
-from .strict import head_bias, model_rule, nonzero_masked, other_rules
+from .strict import (
+    CANCEL_WHY,
+    LSE_WHY,
+    head_bias,
+    lse_floor,
+    model_rule,
+    nonzero_masked,
+    other_rules,
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,9 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     cu_q = None if view != "packed" else p.cu_seqlens_q
     cu_k = p.cu_seqlens_k if view_of(opts, "k") == "packed" else None
 
-    def judge(name, fa: Rule, err64: float, model_err, rows, reasons=(), floor=0.0):
-        r = fa if rule == "fa" else model_rule(err64, model_err, kname or "kernel", floor)
+    def judge(name, fa: Rule, err64: float, model_err, rows, reasons=(), floor=0.0,
+              why=CANCEL_WHY):
+        r = fa if rule == "fa" else model_rule(err64, model_err, kname or "kernel", floor, why)
         over = ~(rows <= r.bound)
         return r, over, bool(r.passed and not reasons)
 
@@ -108,7 +117,8 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     overs["out"] = over
     if lse is not None:
         le = lse_rows(lse_err, view)
-        r, over, ok = judge("lse", vd.lse, vd.lse_err, model_lse, le)
+        r, over, ok = judge("lse", vd.lse, vd.lse_err, model_lse, le, floor=lse_floor(ref_lse),
+                            why=LSE_WHY)
         verdicts.append(["lse", r, vd.lse, ok, ()])
         overs["lse"] = over
     for g in rep.grads:

@@ -19,24 +19,42 @@ from .dtypes import bits, dtype_name
 from .rule import Rule
 
 MODEL_FACTOR = 1.25  # --rule model: error ≤ this × osm's model of the kernel
+LSE_ULPS = 4  # … and the LSE's error may reach this many float32 ulps of its largest |LSE|
+#              (a correct kernel's m·scale + log l rounds two or three times: 1-2 ulps)
 BIAS_SIGMAS = 6.0  # a head's bias is flagged past this many standard errors …
 BIAS_MODEL = 4.0  # … and this many times the model's own bias in that head
 BIAS_FLOOR = 1e-4  # … and at least this relative bias
 
 
+CANCEL_WHY = "float32's rounding of the cancelling terms, the exact gradient being 0"
+LSE_WHY = f"{LSE_ULPS} float32 ulps of the largest |LSE|"
+
+
 def model_rule(err: float, model_err: float | None, kernel: str = "the kernel",
-               floor: float = 0.0) -> Rule:
+               floor: float = 0.0, floor_why: str = CANCEL_WHY) -> Rule:
     """err ≤ 1.25 × the model's error (both against float64), or ≤ floor where that is larger
-    (a gradient that is exactly 0: gradcheck.cancel_floor); a NaN error fails."""
+    (a gradient that is exactly 0: gradcheck.cancel_floor, CANCEL_WHY; the LSE: lse_floor,
+    LSE_WHY), floor_why saying what the floor is; a NaN error fails."""
     if model_err is None or not math.isfinite(model_err):
         return Rule(err, math.nan, 0.0, math.inf, False,
                     "the model rule needs osm's model of the kernel (it was not run)",
                     MODEL_FACTOR, 0.0)
     bound = max(MODEL_FACTOR * model_err, floor)
     return Rule(err, model_err, 0.0, bound, bool(err <= bound), f"{MODEL_FACTOR:g}× osm's "
-                f"{kernel} model" + (", or float32's rounding of the cancelling terms, the "
-                                     "exact gradient being 0" if bound == floor > 0 else ""),
+                f"{kernel} model" + (f", or {floor_why}" if bound == floor > 0 else ""),
                 MODEL_FACTOR, 0.0)
+
+
+def lse_floor(ref_lse) -> float:
+    """The model rule's least bound on the LSE's error: LSE_ULPS float32 ulps of the largest
+    finite |LSE| of the reference (0 where none is finite). An LSE wrong by a convention or a
+    precision bug errs by orders of magnitude more (docs/check.md#rules).
+
+    Example: lse_floor(np.array([2.5, -np.inf])) -> 9.5367431640625e-07
+    """
+    lse = np.asarray(ref_lse, dtype=np.float64)
+    top = float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0))
+    return LSE_ULPS * float(np.spacing(np.float32(top))) if top else 0.0
 
 
 @dataclass(frozen=True)

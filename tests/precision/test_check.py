@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import osm, qkv
+from osm_cli.errors import OsmError
 from osm_cli.precision.check import check
 from osm_cli.precision.dtypes import DTYPES
 
@@ -139,6 +140,20 @@ def test_cli_bad_dtype_exit_2(tmp_path):
     r = osm(*_args(_files(tmp_path), "--dtype", "fp7"))
     assert r.exit_code == 2
     assert "unknown dtype 'fp7'" in r.stderr
+
+
+def test_cli_rule_model_without_the_model(tmp_path):
+    """--rule model with --no-model: one Error line naming the two flags (it named a
+    --with-model flag that does not exist); the library names its parameters."""
+    r = osm(*_args(_files(tmp_path), "--rule", "model", "--no-model"))
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == ("Error: --rule model judges against osm's model of the kernel, which "
+                        "--no-model skips: give one of them\n")
+    with np.load("samples/kernel_fp16.npz") as z:
+        out, q, k, v = (z[n] for n in ("out", "q", "k", "v"))
+    with pytest.raises(OsmError, match=r"^`rule` model judges .*, which `with_model` False "
+                                       r"skips: give one of them$"):
+        check(out, q, k, v, "fp16", rule="model", with_model=False)
 
 
 def test_cli_json(tmp_path, strict_json):

@@ -62,6 +62,44 @@ def test_correct_kernels_pass_both_rules(case):
         assert not any(b.flagged for b in rep.bias)
 
 
+@pytest.mark.parametrize("seed", [104, 5, 17])
+def test_correct_fp16_kernel_with_wide_scores_passes_the_model_rule(seed):
+    """Scores twice as wide in fp16 (LSE up to ~20): a correct kernel's LSE is a float32 ulp
+    or two from osm's model's, so 1.25× the model's error alone failed it; the model rule's LSE
+    bound is at least 4 float32 ulps of the largest |LSE| (strict.lse_floor)."""
+    from osm_cli.precision.strict import LSE_ULPS, lse_floor
+
+    rng = np.random.default_rng(seed)
+    q = (2 * rng.standard_normal((1, 512, 8, 64))).astype(np.float16)
+    k = (2 * rng.standard_normal((1, 512, 4, 64))).astype(np.float16)
+    v = rng.standard_normal((1, 512, 4, 64)).astype(np.float16)
+    rep = _judge(flash, q, k, v, rule="model", causal=True)
+    assert rep.passed, failures_text(rep)
+    lse = _tensor(rep, "lse")
+    assert lse.judged.bound >= LSE_ULPS * np.spacing(np.float32(10.0))
+    assert lse.judged.err <= lse.judged.bound
+    assert lse_floor(np.array([2.5, -np.inf, np.nan])) == 4 * 2.0 ** -22
+
+
+def test_lse_bugs_still_fail_the_model_rule_past_its_floor():
+    """The floor is float32's few ulps: an LSE in base 2, or l summed from P rounded to bf16
+    (issue 22: 640× a correct kernel's LSE error), stays far above it."""
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
+    rep = _judge(planted("lse_base2"), q, k, v, rule="model", causal=True)
+    lse = _tensor(rep, "lse")
+    assert not lse.passed and lse.judged.err > 1e4 * lse.judged.bound
+    out, _ = flash(q, k, v, causal=True)
+    qh, kh = (np.asarray(x, np.float64).transpose(0, 2, 1, 3) for x in (q, k))
+    sc = qh @ kh.transpose(0, 1, 3, 2) / 8.0
+    sc = np.where(np.tril(np.ones((256, 256), bool)), sc, -np.inf)
+    m = sc.max(-1)
+    p16 = np.exp(sc - m[..., None]).astype(np.float32).astype(BF16).astype(np.float64)
+    bad = (m + np.log(p16.sum(-1))).astype(np.float32)  # l from P rounded to bf16
+    rep = check(out, q, k, v, "bf16", lse=bad, rule="model", layout="bnhd", causal=True)
+    lse = _tensor(rep, "lse")
+    assert not lse.passed and lse.judged.err > 10 * lse.judged.bound
+
+
 def test_correct_varlen_kernel_passes():
     cu = np.array([0, 70, 70, 200, 256], np.int32)
     q, k, v = qkv(256, 256, 32, heads=(4, 4), seed=3, **BNHD)  # packed (total, H, d)
