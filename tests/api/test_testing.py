@@ -195,6 +195,6 @@ def test_takes_every_keyword_check_takes():
     assert [n for n in inspect.signature(check).parameters if n not in mine] == []
     out, q, k, v, lse = _kernel()
     assert_attention_close(out, q, k, v, lse=lse, causal=True, dtype="bf16", with_model=False)
-    with pytest.raises(OsmError, match="needs the model"):
+    with pytest.raises(OsmError, match="which `with_model` False skips"):
         assert_attention_close(out, q, k, v, causal=True, dtype="bf16", rule="model",
                                with_model=False)
