@@ -54,10 +54,14 @@ class RowError:
 
 @dataclass(frozen=True)
 class HeadError:
+    """One head of a judged output (of a varlen batch: one sequence's rows of a head, batch
+    the sequence)."""
+
     batch: int
     head: int
-    err: float
-    rows_over: int  # rows of this head whose error exceeds the rule's bound
+    err: float  # max |out − ref| over the head's rows
+    rows_over: int  # rows of this head over the bound of the tensor the heads are ranked by
+    lse_err: float | None = None  # max |LSE − ref| over the head's rows (None: no LSE judged)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class CheckReport(Notebook):
     tile_map: object = None  # locate.TileMap of the traced failing head (None: none)
     other_rules: tuple = ()  # strict.OtherRule per (rule, tensor), with rules_table
     varlen: bool = False  # rows are (sequence, query) of a varlen batch: batch is the sequence
+    ranked_by: str = "out"  # the tensor the worst rows and heads are ranked by: out or lse
 
     @property
     def passed(self) -> bool:
@@ -223,7 +228,7 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     diag = diagnose(rep, out=out, ref=ref, ref_d=ref_d, ref_lse=ref_lse, lse=lse,
                     lse_err=lse_err, row_err=row_err, model=mres, q=eq, k=ek, v=ev, opts=opts,
                     dt=dt, rule=rule, probe=probe, rules_table=rules_table,
-                    blocks_known=kernel is not None, given=given)
+                    blocks_known=kernel is not None, given=given, top=top)
     return replace(rep, rule=rule, lse_base=str(lse_base), **diag)
 
 
@@ -274,13 +279,26 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
         b, h, i = (int(x) for x in np.unravel_index(int(flat), row_err.shape))
         rows.append(RowError(b, h, i, float(row_err[b, h, i]), float(row_ulps[b, h, i]),
                              None if lse_err is None else float(lse_err[b, h, i])))
-    head_err = np.where(np.isnan(row_err), np.inf, row_err).max(axis=-1, initial=0.0)
-    head_over = over.sum(axis=-1)
-    heads = []
-    for flat in np.argsort(-head_err.ravel(), kind="stable")[:top]:
-        b, h = (int(x) for x in np.unravel_index(int(flat), head_err.shape))
-        heads.append(HeadError(b, h, float(row_err[b, h].max(initial=0.0)), int(head_over[b, h])))
-    return tuple(rows), tuple(heads), over, row_err
+    heads = rank_heads(row_err, over, top, lse_err=lse_err, by_lse=by_lse)
+    return tuple(rows), heads, over, row_err
+
+
+def rank_heads(row_err, over, top: int, *, lse_err=None,
+               by_lse: bool = False) -> tuple[HeadError, ...]:
+    """The `top` worst heads of (B, H, rows) row errors, ranked by the tensor the verdict
+    failed: the output's errors, or the LSE's (lse_err, same shape) with by_lse; rows_over
+    counts that tensor's rows in `over` (its rows over its bound)."""
+    key = lse_err if by_lse and lse_err is not None else row_err
+    found = []
+    for b in range(row_err.shape[0]):
+        for h in range(row_err.shape[1]):
+            k = key[b, h]
+            score = float(np.where(np.isnan(k), np.inf, k).max(initial=-np.inf))
+            lse = None if lse_err is None else float(lse_err[b, h].max(initial=0.0))
+            found.append((score, HeadError(b, h, float(row_err[b, h].max(initial=0.0)),
+                                           int(np.count_nonzero(over[b, h])), lse)))
+    order = sorted(range(len(found)), key=lambda i: -found[i][0])  # stable: first on a tie
+    return tuple(found[i][1] for i in order[:top])
 
 
 def row_maxima(out_rows: np.ndarray, ref_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

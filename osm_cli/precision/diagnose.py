@@ -67,9 +67,9 @@ def _blocks(kernel: str | None, d: int, dv: int, causal: bool) -> tuple[int | No
 
 def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, k, v, opts,
              dt, rule: str, probe: bool, rules_table: bool, blocks_known: bool,
-             given: dict) -> dict:
+             given: dict, top: int) -> dict:
     """CheckReport's fields beyond FlashAttention's verdict (see check.check)."""
-    from .check import lse_rows, rows_view, view_of, worst
+    from .check import lse_rows, rank_heads, rows_view, view_of, worst
 
     view = view_of(opts)
     out4 = rows_view(out, view)
@@ -154,6 +154,10 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     by_lse = "lse" in fails and "out" not in fails
     if rows and by_lse != (vd.lse is not None and not vd.lse.passed and vd.rule.passed):
         rows = worst(out, ref_d, lse_err, vd.rule.bound, dt, view, len(rows), by_lse=by_lse)[0]
+    # … and the worst heads too, with that tensor's rows over its bound under the deciding rule
+    heads = rank_heads(row_err, overs["lse" if by_lse else "out"], top,
+                       lse_err=None if lse_err is None else lse_rows(lse_err, view),
+                       by_lse=by_lse)
     if cu_q is not None:
         cu = np.asarray(cu_q, dtype=np.int64)
         rows = tuple(replace(x, batch=int(np.searchsorted(cu, x.query, side="right") - 1),
@@ -170,7 +174,7 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     return {"tensors": tensors, "model_lse_err": model_lse, "bias": bias,
             "no_key_rows": 0 if no_key is None else int(np.count_nonzero(no_key)),
             "probe": found, "tile_map": tmap, "other_rules": table, "rows": rows,
-            "varlen": cu_q is not None}
+            "heads": heads, "ranked_by": "lse" if by_lse else "out", "varlen": cu_q is not None}
 
 
 def _row_score(name, row_err, lse_err, rep, view):

@@ -44,9 +44,13 @@ def check_tables(rep) -> list[Table]:
         "sequence" if rep.varlen else "batch", "head", "query", "max |out − ref|", "ulps",
         "|LSE − ref|"), tuple((str(r.batch), str(r.head), str(r.query), num(r.err, 3),
                                num(r.ulps, 3), num(r.lse_err, 3)) for r in rep.rows)))
-    tables.append(Table("worst heads", ("batch", "head", "max |out − ref|", "rows over the bound"),
-                        tuple((str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
-                              for h in rep.heads)))
+    by_lse = rep.ranked_by == "lse"
+    tables.append(Table(
+        "worst heads by |LSE − ref|" if by_lse else "worst heads",
+        ("batch", "head", "max |out − ref|", *(("max |LSE − ref|",) if by_lse else ()),
+         "rows over the bound"),
+        tuple((str(h.batch), str(h.head), num(h.err, 3),
+               *((num(h.lse_err, 3),) if by_lse else ()), str(h.rows_over)) for h in rep.heads)))
     if rep.grads:
         tables.append(Table("gradients", ("gradient", "max error", "bound", "verdict"), tuple(
             (LABELS.get(g.name, g.name), num(g.rule.err, 3), num(g.rule.bound, 3),

@@ -321,7 +321,7 @@ def check_doc(rep, flag=None) -> dict:
         "kernel": rep.kernel, "mma": rep.mma,
         "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
         "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
-        "hint": rep.hint or None,
+        "worst_ranked_by": rep.ranked_by, "hint": rep.hint or None,
         **({"gradients": [grad_check_doc(g) for g in rep.grads],
             "worst_gradient": rep.worst_grad.name} if rep.grads else {}),
         **diagnosis_doc(rep, flag),

@@ -107,8 +107,7 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
                 ("verdict, out and LSE" if rep.grads else "verdict",
                  pass_fail(all(t.passed for t in fwd) if fwd else v.passed))]
     t = kv_table(rows_kv)
-    ranked = next((x.tensor for x in rep.failures if x.tensor in ("out", "lse")), "out")
-    title = (f"worst {min(top, len(rep.rows))} rows by |LSE − ref|" if ranked == "lse" else
+    title = (f"worst {min(top, len(rep.rows))} rows by |LSE − ref|" if rep.ranked_by == "lse" else
              f"worst {min(top, len(rep.rows))} rows (ulp of {v.dtype} at the row's largest "
              "|ref|)")
     rows = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
@@ -121,11 +120,15 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
             err.style = "bold red"
         rows.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3),
                      num(r.lse_err, 3))
-    heads = Table(title="worst heads", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for c in ("batch", "head", "max |out − ref|", "rows over the bound"):
+    by_lse = rep.ranked_by == "lse"  # the heads as the rows: by the tensor that fails
+    heads = Table(title="worst heads by |LSE − ref|" if by_lse else "worst heads",
+                  box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in ("batch", "head", "max |out − ref|", *(("max |LSE − ref|",) if by_lse else ()),
+              "rows over the bound"):
         heads.add_column(c, justify="right")
     for h in rep.heads:
-        heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
+        heads.add_row(str(h.batch), str(h.head), num(h.err, 3),
+                      *((num(h.lse_err, 3),) if by_lse else ()), str(h.rows_over))
     parts = [head, t]
     if rep.tensors:
         parts.append(diagnosis.tensor_table(rep))

@@ -8,6 +8,7 @@ Kernels take FlashAttention's (B, N, H, d) and return its (B, H, N) LSE; the inp
 
 from __future__ import annotations
 
+import json
 import math
 
 import ml_dtypes
@@ -309,3 +310,23 @@ def test_rules_table_numbers():
     assert said[("atol 1e-2 (Triton's tutorial)", "out")] is True
     assert said[("KernelBench allclose (0.01)", "lse")] is False
     assert said[("flashinfer-bench matched ratio ≥ 0.95", "lse")] is False
+
+
+LSE_BASE2 = ("check", "samples/planted/lse_base2_bf16.npz", "--causal", "--layout", "bnhd",
+             "--dtype", "bf16")
+
+
+def test_lse_only_failure_ranks_heads_by_lse(osm):
+    """Only the LSE fails (base 2): the worst heads are ranked and counted by the LSE, as the
+    worst rows are (they showed the output's errors and "rows over the bound 0")."""
+    text = osm(*LSE_BASE2, code=1).stdout
+    table = text.split("worst heads by |LSE − ref|\n")[1].strip().splitlines()
+    assert [x.strip() for x in table[0].split("   ") if x.strip()] == [
+        "batch", "head", "max |out − ref|", "max |LSE − ref|", "rows over the bound"]
+    assert table[2].split() == ["0", "1", "1.53e-05", "2.47", "128"]
+    assert table[3].split() == ["0", "0", "0", "2.44", "127"]
+    doc = json.loads(osm(*LSE_BASE2, "--json", code=1).stdout)
+    assert doc["worst_ranked_by"] == "lse"
+    assert [(h["head"], h["rows_over"], round(h["lse_err"], 2)) for h in doc["worst_heads"]] == [
+        (1, 128, 2.47), (0, 127, 2.44)]
+    assert {"batch", "head", "err", "rows_over"} <= set(doc["worst_heads"][0])
