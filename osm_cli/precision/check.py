@@ -213,7 +213,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     view = view_of(opts)
     failing_lse = lse is not None and verdict.lse is not None and not verdict.lse.passed
     rows, heads, over, row_err = worst(out, ref_d, lse_err, verdict.rule.bound, dt, view, top,
-                                       by_lse=failing_lse and verdict.rule.passed)
+                                       by_lse=failing_lse and verdict.rule.passed,
+                                       cu_seqlens=packed_offsets(opts))
     grads = ()
     if given:
         from .gradcheck import check_grads  # the backward's reference, only when judged
@@ -260,11 +261,13 @@ def descaled_inputs(q, k, v, descale, opts: ScoreOptions):
     return tuple(outs)
 
 
-def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: bool = False):
+def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: bool = False,
+          cu_seqlens=None):
     """The `top` worst rows and heads against the dtype-rounded reference, in (B, H, t), which
     rows are over the rule's bound (NaN counts as over), and every row's error. out may be a
     gradient too (dK's rows are keys). by_lse: rows ranked by their LSE error (the LSE fails,
-    the output does not)."""
+    the output does not). cu_seqlens: a varlen batch's offsets of these (packed) rows: the
+    worst rows are (sequence, row) and the heads a sequence's (batch holds the sequence)."""
     ref_rows, out_rows = rows_view(ref_d, layout), rows_view(out, layout)
     row_err, row_top = row_maxima(out_rows, ref_rows)
     with np.errstate(over="ignore"):  # an error on an all-zero row in float64 is inf ulps of 0
@@ -279,24 +282,36 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
         b, h, i = (int(x) for x in np.unravel_index(int(flat), row_err.shape))
         rows.append(RowError(b, h, i, float(row_err[b, h, i]), float(row_ulps[b, h, i]),
                              None if lse_err is None else float(lse_err[b, h, i])))
-    heads = rank_heads(row_err, over, top, lse_err=lse_err, by_lse=by_lse)
+    if cu_seqlens is not None:
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        seq = np.searchsorted(cu, [r.query for r in rows], side="right") - 1
+        rows = [replace(r, batch=int(s), query=int(r.query - cu[s]))
+                for r, s in zip(rows, seq, strict=True)]
+    heads = rank_heads(row_err, over, top, lse_err=lse_err, by_lse=by_lse,
+                       cu_seqlens=cu_seqlens)
     return tuple(rows), heads, over, row_err
 
 
-def rank_heads(row_err, over, top: int, *, lse_err=None,
-               by_lse: bool = False) -> tuple[HeadError, ...]:
+def rank_heads(row_err, over, top: int, *, lse_err=None, by_lse: bool = False,
+               cu_seqlens=None) -> tuple[HeadError, ...]:
     """The `top` worst heads of (B, H, rows) row errors, ranked by the tensor the verdict
     failed: the output's errors, or the LSE's (lse_err, same shape) with by_lse; rows_over
-    counts that tensor's rows in `over` (its rows over its bound)."""
+    counts that tensor's rows in `over` (its rows over its bound). cu_seqlens: the rows are a
+    varlen batch's packed rows (B = 1), taken a sequence at a time (HeadError.batch is then the
+    sequence)."""
     key = lse_err if by_lse and lse_err is not None else row_err
+    spans = [(b, b, slice(None)) for b in range(row_err.shape[0])]
+    if cu_seqlens is not None:
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        spans = [(s, 0, slice(int(cu[s]), int(cu[s + 1]))) for s in range(len(cu) - 1)]
     found = []
-    for b in range(row_err.shape[0]):
+    for label, b, rows in spans:
         for h in range(row_err.shape[1]):
-            k = key[b, h]
+            k = key[b, h, rows]
             score = float(np.where(np.isnan(k), np.inf, k).max(initial=-np.inf))
-            lse = None if lse_err is None else float(lse_err[b, h].max(initial=0.0))
-            found.append((score, HeadError(b, h, float(row_err[b, h].max(initial=0.0)),
-                                           int(np.count_nonzero(over[b, h])), lse)))
+            lse = None if lse_err is None else float(lse_err[b, h, rows].max(initial=0.0))
+            found.append((score, HeadError(label, h, float(row_err[b, h, rows].max(initial=0.0)),
+                                           int(np.count_nonzero(over[b, h, rows])), lse)))
     order = sorted(range(len(found)), key=lambda i: -found[i][0])  # stable: first on a tie
     return tuple(found[i][1] for i in order[:top])
 
@@ -333,6 +348,15 @@ def view_of(opts: ScoreOptions, x: str = "q") -> str:
     packed = p.cu_seqlens_q is not None if x == "q" else (
         p.cu_seqlens_k is not None or p.page_table is not None)
     return "packed" if packed else "fa"
+
+
+def packed_offsets(opts: ScoreOptions, x: str = "q"):
+    """The cu_seqlens of a varlen batch whose rows of an array stored like Q (x "q") or K are
+    packed (view_of's "packed"); None for a dense or paged one."""
+    if view_of(opts, x) != "packed":
+        return None
+    p = opts.packing
+    return p.cu_seqlens_q if x == "q" else p.cu_seqlens_k
 
 
 def rows_view(x, layout: str, lse: bool = False) -> np.ndarray:

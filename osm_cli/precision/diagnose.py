@@ -69,7 +69,7 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
              dt, rule: str, probe: bool, rules_table: bool, blocks_known: bool,
              given: dict, top: int) -> dict:
     """CheckReport's fields beyond FlashAttention's verdict (see check.check)."""
-    from .check import lse_rows, rank_heads, rows_view, view_of, worst
+    from .check import lse_rows, packed_offsets, rank_heads, rows_view, view_of, worst
 
     view = view_of(opts)
     out4 = rows_view(out, view)
@@ -88,9 +88,7 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     kname = rep.kernel
     bq, bk = _blocks(kname if blocks_known else None, np.shape(q)[-1], np.shape(v)[-1],
                      opts.causal)
-    p = opts.packing
-    cu_q = None if view != "packed" else p.cu_seqlens_q
-    cu_k = p.cu_seqlens_k if view_of(opts, "k") == "packed" else None
+    cu_q, cu_k = packed_offsets(opts), packed_offsets(opts, "k")
 
     def judge(name, fa: Rule, err64: float, model_err, rows, reasons=(), floor=0.0,
               why=CANCEL_WHY):
@@ -106,7 +104,10 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
                        "that see no key are not exactly 0")
     flagged = [b for b in bias if b.flagged]
     if rule == "model" and flagged:
-        reasons.append(", ".join(f"head {b.head} of batch {b.batch} biased {b.bias:+.2g}"
+        # a varlen batch's bias pools each head's rows of every sequence (its batch 0)
+        of = (lambda b: " (all sequences)") if cu_q is not None else (
+            lambda b: f" of batch {b.batch}")
+        reasons.append(", ".join(f"head {b.head}{of(b)} biased {b.bias:+.2g}"
                                  for b in flagged[:3]) + (", …" if len(flagged) > 3 else ""))
     r, over, ok = judge("out", vd.rule, vd.err, rep.model_err, row_err, reasons)
     over = over | nz
@@ -153,16 +154,13 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     fails = {name for name, _, _, ok, _ in verdicts if not ok}
     by_lse = "lse" in fails and "out" not in fails
     if rows and by_lse != (vd.lse is not None and not vd.lse.passed and vd.rule.passed):
-        rows = worst(out, ref_d, lse_err, vd.rule.bound, dt, view, len(rows), by_lse=by_lse)[0]
-    # … and the worst heads too, with that tensor's rows over its bound under the deciding rule
+        rows = worst(out, ref_d, lse_err, vd.rule.bound, dt, view, len(rows), by_lse=by_lse,
+                     cu_seqlens=cu_q)[0]
+    # … and the worst heads too, with that tensor's rows over its bound under the deciding
+    # rule (a varlen batch's a sequence at a time: batch is the rows' sequence, as above)
     heads = rank_heads(row_err, overs["lse" if by_lse else "out"], top,
                        lse_err=None if lse_err is None else lse_rows(lse_err, view),
-                       by_lse=by_lse)
-    if cu_q is not None:
-        cu = np.asarray(cu_q, dtype=np.int64)
-        rows = tuple(replace(x, batch=int(np.searchsorted(cu, x.query, side="right") - 1),
-                             query=int(x.query - cu[np.searchsorted(cu, x.query, "right") - 1]))
-                     for x in rows)
+                       by_lse=by_lse, cu_seqlens=cu_q)
     table = ()
     if rules_table:
         ts = {"out": (out, ref)}
@@ -230,7 +228,9 @@ def _case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing, given) -
         q4 = k4 = v4 = np.zeros((0, 0, 0, 0))
         o = opts
     return Case(q4, k4, v4, o, got, refs, bounds,
-                {n: f for n, f in failing.items() if n in got}, dense)
+                {n: f for n, f in failing.items() if n in got}, dense,
+                packed=tuple(n for n in got if view_of(opts, "k" if n in ("dk", "dv") else "q")
+                             == "packed" and n != "dsink"))
 
 
 def _tile_map(case: Case, over, head, block_q: int, block_k: int | None):

@@ -55,6 +55,7 @@ class GradCheck:
     row_err: np.ndarray | None = field(default=None, repr=False, compare=False)  # (B, H, rows)
     ref_d: np.ndarray | None = field(default=None, repr=False, compare=False)  # ref in the dtype
     floor: float = 0.0  # the bound where the exact gradient is identically 0 (cancel_floor)
+    varlen: bool = False  # rows and heads are a varlen sequence's: batch holds the sequence
 
     @property
     def label(self) -> str:
@@ -75,7 +76,7 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
     refs and pts, if the caller has them, are the float64 gradients (reference_backward's)
     and plain same-dtype attention's (plain_backward's). The model
     beside them is flash_backward with `kernel`'s forward (its default: the dtype's)."""
-    from .check import view_of, worst  # check.py judges the output and calls here
+    from .check import packed_offsets, view_of, worst  # check.py judges the output, calls here
 
     if rule not in GRAD_RULES:
         raise OsmError(f"gradient rule must be one of {', '.join(GRAD_RULES)}, not {rule!r}")
@@ -116,13 +117,16 @@ def check_grads(q, k, v, do, dt: np.dtype, given: dict, opts: ScoreOptions, *, t
             r = replace(r, bound=floor, k_abs=floor, passed=bool(r.err <= floor),
                         note="the exact gradient is 0 (its terms cancel), so the bound is "
                         "float32's rounding of the terms (docs/numerics.md#grad-rule)")
-        rows, heads, over, row_err = worst(g, ref_d, None, r.bound, dt,
-                                           view_of(opts, "q" if name == "dq" else "k"), top)
+        x = "q" if name == "dq" else "k"
+        cu = packed_offsets(opts, x)
+        rows, heads, over, row_err = worst(g, ref_d, None, r.bound, dt, view_of(opts, x), top,
+                                           cu_seqlens=cu)
         out.append(GradCheck(
             name, r, max_abs_diff(g, ref),
             max_abs_diff(pts[name], ref),
             None if mod is None else max_abs_diff(mod[name], ref), rows, heads,
-            int(np.count_nonzero(over)), int(over.size), row_err, ref_d, floor))
+            int(np.count_nonzero(over)), int(over.size), row_err, ref_d, floor,
+            cu is not None))
     return tuple(out)
 
 

@@ -47,8 +47,8 @@ def check_tables(rep) -> list[Table]:
     by_lse = rep.ranked_by == "lse"
     tables.append(Table(
         "worst heads by |LSE − ref|" if by_lse else "worst heads",
-        ("batch", "head", "max |out − ref|", *(("max |LSE − ref|",) if by_lse else ()),
-         "rows over the bound"),
+        ("sequence" if rep.varlen else "batch", "head", "max |out − ref|",
+         *(("max |LSE − ref|",) if by_lse else ()), "rows over the bound"),
         tuple((str(h.batch), str(h.head), num(h.err, 3),
                *((num(h.lse_err, 3),) if by_lse else ()), str(h.rows_over)) for h in rep.heads)))
     if rep.grads:

@@ -81,6 +81,7 @@ class Case:
     bounds: dict  # tensor -> the rule's bound
     failing: dict  # tensor -> ((batch, head), …) worst first
     dense: bool = True  # False for varlen or paged batches: only the elementwise probes run
+    packed: tuple = ()  # tensors whose rows are a varlen batch's, packed (batch 0: every sequence)
 
 
 class Float64Heads:
@@ -355,11 +356,12 @@ def _scaled(case: Case, tensor: str, hs) -> list[Finding]:
         label = {"out": "output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV",
                  "dsink": "dsink"}[tensor]
         why = ""
+        where = " (all sequences)" if tensor in case.packed else f" of batch {b}"
         p = 1 - 1 / c if c > 1 else None
         if p is not None and abs(p * 20 - round(p * 20)) < 0.02 and round(p * 20):
             why = f"; dropout's 1/(1 − p) for p = {round(p * 20) / 20:g}?"
         out.append(_fit(tensor, "scaled", g[f], c * r[f], r[f], bound,
-                        f"the kernel's {label} in head {h} of batch {b} is {c:.4g}× osm's "
+                        f"the kernel's {label} in head {h}{where} is {c:.4g}× osm's "
                         f"(max diff after scaling {{diff}}): a factor applied twice or "
                         f"missed{why}"))
     return out

@@ -80,7 +80,9 @@ def bias_line(rep) -> Text | None:
     flagged = sum(x.flagged for x in rep.bias)
     sig = f"{abs(b.bias) / b.sigma:.3g}σ" if b.sigma else "exact"
     model = "" if b.model_bias is None else f", model {b.model_bias:+.2g}"
-    line = Text(f"per-head bias of (out − ref): largest head {b.head} of batch {b.batch}, "
+    # a varlen batch's bias pools each head's rows of every sequence (its packed batch 0)
+    where = " (all sequences)" if rep.varlen else f" of batch {b.batch}"
+    line = Text(f"per-head bias of (out − ref): largest head {b.head}{where}, "
                 f"{b.bias:+.2g} ({sig}{model})")
     if flagged:
         line.append(f"; {flagged} head{'s' if flagged > 1 else ''} flagged (a scale bug? "
@@ -176,7 +178,8 @@ def diagnosis_doc(rep, flag=None) -> dict:
         "tensors": tensors, "failures": failures,
         "model_max_lse_err_vs_fp64": rep.model_lse_err, "rows_that_see_no_key": rep.no_key_rows,
         "head_bias": [{"batch": b.batch, "head": b.head, "bias": b.bias, "sigma": b.sigma,
-                       "model_bias": b.model_bias, "flagged": b.flagged} for b in rep.bias],
+                       "model_bias": b.model_bias, "flagged": b.flagged,
+                       **({"sequence": None} if rep.varlen else {})} for b in rep.bias],
         "probe_heads": None if rep.probe is None else [list(h) for h in rep.probe.heads],
         "tile_map": None if m is None else {
             "batch": m.batch, "head": m.head, "block_q": m.block_q, "block_k": m.block_k,

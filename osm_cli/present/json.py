@@ -320,7 +320,10 @@ def check_doc(rep, flag=None) -> dict:
         "verdict": verdict_doc(rep.verdict), "model_max_err_vs_fp64": rep.model_err,
         "kernel": rep.kernel, "mma": rep.mma,
         "rows_over_bound": rep.rows_over, "rows": rep.total_rows,
-        "worst_rows": [vars(r) for r in rep.rows], "worst_heads": [vars(h) for h in rep.heads],
+        # a varlen batch's rows and heads are a sequence's: `batch` holds it (the key is a
+        # contract) and `sequence` says so
+        "worst_rows": [_seq(vars(r), rep.varlen) for r in rep.rows],
+        "worst_heads": [_seq(vars(h), rep.varlen) for h in rep.heads],
         "worst_ranked_by": rep.ranked_by, "hint": rep.hint or None,
         **({"gradients": [grad_check_doc(g) for g in rep.grads],
             "worst_gradient": rep.worst_grad.name} if rep.grads else {}),
@@ -328,18 +331,23 @@ def check_doc(rep, flag=None) -> dict:
     }
 
 
+def _seq(doc: dict, varlen: bool) -> dict:
+    return {**doc, "sequence": doc["batch"]} if varlen else doc
+
+
 def grad_check_doc(g) -> dict:
     """One gradient judged (precision.gradcheck.GradCheck)."""
     k = g.rule
     terms = [f"{k.k_pt:g}*max|pt - ref|"] + (
         [f"{k.k_round:g}*max|(ref + 0.3 - 0.3) - ref|"] if k.k_round else [])
-    rows = [{"batch": r.batch, "head": r.head, "row": r.query, "err": r.err, "ulps": r.ulps}
-            for r in g.rows]
+    rows = [_seq({"batch": r.batch, "head": r.head, "row": r.query, "err": r.err,
+                  "ulps": r.ulps}, g.varlen) for r in g.rows]
     return {
         "gradient": g.name, "rule": f"max|{g.name} - ref| <= " + " + ".join(terms),
         **rule_doc(k), "max_err_vs_fp64": g.err64, "plain_max_err_vs_fp64": g.plain_err64,
         "model_max_err_vs_fp64": g.model_err, "rows_over_bound": g.rows_over,
-        "rows": g.total_rows, "worst_rows": rows, "worst_heads": [vars(h) for h in g.heads],
+        "rows": g.total_rows, "worst_rows": rows,
+        "worst_heads": [_seq(vars(h), g.varlen) for h in g.heads],
     }
 
 

@@ -123,8 +123,8 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
     by_lse = rep.ranked_by == "lse"  # the heads as the rows: by the tensor that fails
     heads = Table(title="worst heads by |LSE − ref|" if by_lse else "worst heads",
                   box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for c in ("batch", "head", "max |out − ref|", *(("max |LSE − ref|",) if by_lse else ()),
-              "rows over the bound"):
+    for c in ("sequence" if rep.varlen else "batch", "head", "max |out − ref|",
+              *(("max |LSE − ref|",) if by_lse else ()), "rows over the bound"):
         heads.add_column(c, justify="right")
     for h in rep.heads:
         heads.add_row(str(h.batch), str(h.head), num(h.err, 3),
@@ -164,7 +164,8 @@ def grads_report(rep, top: int) -> list:
     what = {"dq": "query", "dsink": "row"}.get(w.name, "key")
     worst = Table(title=f"worst {min(top, len(w.rows))} rows of {w.label} (nearest its bound)",
                   box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for c in ("batch", "head", what, f"max |{w.label} − ref|", "ulps"):
+    batch = "sequence" if w.varlen else "batch"  # a varlen batch's rows: (sequence, row)
+    for c in (batch, "head", what, f"max |{w.label} − ref|", "ulps"):
         worst.add_column(c, justify="right")
     for r in w.rows:
         err = num(r.err, 3)
@@ -173,7 +174,7 @@ def grads_report(rep, top: int) -> list:
         worst.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3))
     heads = Table(title=f"worst heads of {w.label}", box=box.SIMPLE_HEAD, title_justify="left",
                   pad_edge=False)
-    for c in ("batch", "head", f"max |{w.label} − ref|", "rows over the bound"):
+    for c in (batch, "head", f"max |{w.label} − ref|", "rows over the bound"):
         heads.add_column(c, justify="right")
     for h in w.heads:
         heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
@@ -219,7 +220,8 @@ def fail_line(rep, flag=None) -> str:
         if failing(g.name, not g.rule.passed):
             r = judged(g.name, g.rule)
             h = g.heads[0] if g.heads else None
-            where = f", worst head {h.head} of batch {h.batch}" if h else ""
+            of = "sequence" if g.varlen else "batch"
+            where = f", worst head {h.head} of {of} {h.batch}" if h else ""
             parts.append(f"max|{g.label} − ref| = {r.err:.3g} > {r.bound:.3g}; {g.rows_over} of "
                          f"{g.total_rows} rows over the bound{where}" + extra(g.name))
     return "; ".join(parts) + (f" ({rep.hint})" if rep.hint else "")

@@ -330,3 +330,75 @@ def test_lse_only_failure_ranks_heads_by_lse(osm):
     assert [(h["head"], h["rows_over"], round(h["lse_err"], 2)) for h in doc["worst_heads"]] == [
         (1, 128, 2.47), (0, 127, 2.44)]
     assert {"batch", "head", "err", "rows_over"} <= set(doc["worst_heads"][0])
+
+
+def _varlen_shift(**kw):
+    """The planted varlen bug (keys read one row late) on three sequences, judged."""
+    cu = np.array([0, 100, 180, 256], np.int32)
+    q, k, v = qkv(256, 256, 32, heads=(2, 2), seed=4, **BNHD)  # packed (total, H, d)
+    out, lse = planted("varlen_shift")(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    return check(out, q, k, v, "bf16", lse=lse, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                 **kw)
+
+
+def _table(text: str, title: str) -> list[list[str]]:
+    """A table's header words and rows as words, from the report's text."""
+    lines = text.split(f"\n{title}\n")[1].strip("\n").splitlines()
+    return [lines[0].split()] + [line.split() for line in lines[2:] if line.strip()][:5]
+
+
+def test_varlen_heads_and_bias_say_sequence():
+    """A varlen batch's worst heads are a sequence's, under a `sequence` column as the worst
+    rows are; the bias line pools every sequence of a head and says so, not "batch 0"; the JSON
+    keeps `batch` and adds `sequence` (the same value) to each worst row and head."""
+    from osm_cli.present.json import check_doc
+    from osm_cli.present.verdicts import check_report
+
+    rep = _varlen_shift()
+    text = as_text(check_report(rep, "out", 5))
+    heads = _table(text, "worst heads")
+    assert heads[0][0] == "sequence"
+    assert heads[1:4] == [["1", "0", "3.11", "71"], ["0", "1", "2.77", "74"],
+                          ["1", "1", "2.69", "59"]]
+    assert "per-head bias of (out − ref): largest head 0 (all sequences), -0.23" in text
+    assert "of batch" not in text
+    doc = check_doc(rep)
+    assert [(r["sequence"], r["batch"], r["head"], r["query"]) for r in doc["worst_rows"][:2]] \
+        == [(1, 1, 0, 2), (0, 0, 1, 0)]
+    assert [(h["sequence"], h["batch"], h["rows_over"]) for h in doc["worst_heads"][:2]] == [
+        (1, 1, 71), (0, 0, 74)]
+    model = _varlen_shift(rule="model")
+    assert "head 0 (all sequences) biased -0.23" in _tensor(model, "out").reasons[0]
+    q, k, v = qkv(128, 128, 32, heads=(2, 2), b=1, **BNHD)
+    dense = check_doc(check(*flash(q, k, v)[:1], q, k, v, "bf16", layout="bnhd"))
+    assert "sequence" not in dense["worst_rows"][0] and "sequence" not in dense["worst_heads"][0]
+
+
+def test_varlen_gradient_rows_are_sequence_and_query():
+    """dQ of one sequence's head × 1.1 in a varlen batch: its worst rows and heads are given as
+    (sequence, query), and the FAIL line names the sequence, not the packed batch 0."""
+    from osm_cli import attention_backward
+    from osm_cli.present.json import check_doc
+    from osm_cli.present.verdicts import check_report, fail_line
+
+    cu = np.array([0, 100, 180, 256], np.int32)
+    q, k, v = qkv(256, 256, 32, heads=(2, 2), seed=4, **BNHD)
+    out, lse = flash(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    do = rand(256, 2, 32, seed=9, dtype=BF16)
+    f64 = [np.asarray(x, np.float64) for x in (q, k, v, do)]
+    g = attention_backward(*f64[:3], None, f64[3], causal=True, cu_seqlens_q=cu,
+                           cu_seqlens_k=cu, layout="bnhd")
+    dq, dk, dv = (np.asarray(x).astype(BF16) for x in (g.dq, g.dk, g.dv))
+    dq[100:180, 1] = (dq[100:180, 1].astype(np.float32) * 1.1).astype(BF16)
+    rep = check(out, q, k, v, "bf16", lse=lse, do=do, dq=dq, dk=dk, dv=dv, causal=True,
+                cu_seqlens_q=cu, cu_seqlens_k=cu)
+    w = rep.worst_grad
+    assert w.name == "dq" and w.varlen
+    assert {(r.batch, r.head) for r in w.rows} == {(1, 1)} and max(r.query for r in w.rows) < 80
+    assert (w.heads[0].batch, w.heads[0].head, w.heads[0].rows_over) == (1, 1, w.rows_over)
+    text = as_text(check_report(rep, "out", 5))
+    assert _table(text, "worst heads of dQ")[0][0] == "sequence"
+    assert _table(text, "worst 5 rows of dQ (nearest its bound)")[0][0] == "sequence"
+    assert "worst head 1 of sequence 1; where: sequence 1 of 3" in fail_line(rep)
+    grad = check_doc(rep)["gradients"][0]
+    assert grad["worst_rows"][0]["sequence"] == grad["worst_rows"][0]["batch"] == 1
