@@ -166,11 +166,12 @@ def locate(over: np.ndarray, tensor: str, *, rows: str = "query", block: int | N
 
 
 def _heads_phrase(heads, b_n: int, h_n: int) -> str:
-    """'every head', 'head 3 of 8 (batch 0)', 'heads 1, 5 of 8 in batches 0–1'."""
+    """'every head (8)', 'every head (8) of every batch (2)', 'head 3 of 8',
+    'heads 1, 5 of 8 in batches 0–1 of 2': each count beside what it counts."""
     hs = sorted({h for _, h in heads})
     bs = sorted({b for b, _ in heads})
     if len(heads) == b_n * h_n:
-        return "every head" + (f" of every batch ({b_n})" if b_n > 1 else f" ({h_n})")
+        return f"every head ({h_n})" + (f" of every batch ({b_n})" if b_n > 1 else "")
     what = f"head{'s' if len(hs) > 1 else ''} {_ranges(hs)} of {h_n}"
     if b_n > 1:
         what += f" in batch{'es' if len(bs) > 1 else ''} {_ranges(bs)} of {b_n}"

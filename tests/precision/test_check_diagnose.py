@@ -402,3 +402,16 @@ def test_varlen_gradient_rows_are_sequence_and_query():
     assert "worst head 1 of sequence 1; where: sequence 1 of 3" in fail_line(rep)
     grad = check_doc(rep)["gradients"][0]
     assert grad["worst_rows"][0]["sequence"] == grad["worst_rows"][0]["batch"] == 1
+
+
+def test_every_head_of_every_batch_counts_each():
+    """Every head of two batches fails: the summary counts the heads and the batches each
+    beside its own word (it read "every head of every batch (2)", as if 2 were the heads)."""
+    from osm_cli.precision.locate import locate
+
+    loc = locate(np.ones((2, 8, 128), dtype=bool), "out", block=64)
+    assert loc.patterns[-1] == "every head (8) of every batch (2)"
+    assert locate(np.ones((1, 8, 128), dtype=bool), "out").patterns[-1] == "every head (8)"
+    q, k, v = qkv(128, 128, 32, heads=(4, 4), b=2, **BNHD)
+    rep = _judge(planted("lse_base2"), q, k, v, causal=True)
+    assert _tensor(rep, "lse").where == "every query row; every head (4) of every batch (2)"
