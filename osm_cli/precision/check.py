@@ -48,7 +48,8 @@ class RowError:
     head: int
     query: int
     err: float  # max_j |out − ref| against the dtype-rounded reference
-    ulps: float  # err in ulps of the dtype at the row's largest |ref|
+    ulps: float | None  # err in ulps of the dtype at the row's largest |ref|; None where that
+    #                     is 0 and err is not (a row that sees no key: 0 has no ulp to count in)
     lse_err: float | None
 
 
@@ -280,8 +281,9 @@ def worst(out, ref_d, lse_err, bound: float, dt, layout: str, top: int, by_lse: 
     rows = []
     for flat in np.argsort(-rank, kind="stable")[:top]:
         b, h, i = (int(x) for x in np.unravel_index(int(flat), row_err.shape))
-        rows.append(RowError(b, h, i, float(row_err[b, h, i]), float(row_ulps[b, h, i]),
-                             None if lse_err is None else float(lse_err[b, h, i])))
+        e = float(row_err[b, h, i])
+        u = float(row_ulps[b, h, i]) if row_top[b, h, i] or e == 0 else None
+        rows.append(RowError(b, h, i, e, u, None if lse_err is None else float(lse_err[b, h, i])))
     if cu_seqlens is not None:
         cu = np.asarray(cu_seqlens, dtype=np.int64)
         seq = np.searchsorted(cu, [r.query for r in rows], side="right") - 1

@@ -43,7 +43,8 @@ def check_tables(rep) -> list[Table]:
     tables.append(Table(f"worst {len(rep.rows)} rows", (
         "sequence" if rep.varlen else "batch", "head", "query", "max |out − ref|", "ulps",
         "|LSE − ref|"), tuple((str(r.batch), str(r.head), str(r.query), num(r.err, 3),
-                               num(r.ulps, 3), num(r.lse_err, 3)) for r in rep.rows)))
+                               "—" if r.ulps is None else num(r.ulps, 3), num(r.lse_err, 3))
+                              for r in rep.rows)))
     by_lse = rep.ranked_by == "lse"
     tables.append(Table(
         "worst heads by |LSE − ref|" if by_lse else "worst heads",

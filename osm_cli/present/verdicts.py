@@ -118,7 +118,7 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
         err = num(r.err, 3)
         if r.err > v.rule.bound:  # nan is bold red already
             err.style = "bold red"
-        rows.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3),
+        rows.add_row(str(r.batch), str(r.head), str(r.query), err, _ulps(r.ulps),
                      num(r.lse_err, 3))
     by_lse = rep.ranked_by == "lse"  # the heads as the rows: by the tensor that fails
     heads = Table(title="worst heads by |LSE − ref|" if by_lse else "worst heads",
@@ -136,7 +136,7 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
         bias = diagnosis.bias_line(rep)
         if bias is not None:
             parts.append(bias)
-    parts += [rows, heads]
+    parts += [rows, *_zero_ref_note(rep.rows), heads]
     if rep.hint:
         parts.append(Text(rep.hint, style="yellow"))
     if rep.grads:
@@ -171,7 +171,7 @@ def grads_report(rep, top: int) -> list:
         err = num(r.err, 3)
         if r.err > w.rule.bound:
             err.style = "bold red"
-        worst.add_row(str(r.batch), str(r.head), str(r.query), err, num(r.ulps, 3))
+        worst.add_row(str(r.batch), str(r.head), str(r.query), err, _ulps(r.ulps))
     heads = Table(title=f"worst heads of {w.label}", box=box.SIMPLE_HEAD, title_justify="left",
                   pad_edge=False)
     for c in (batch, "head", f"max |{w.label} − ref|", "rows over the bound"):
@@ -179,7 +179,23 @@ def grads_report(rep, top: int) -> list:
     for h in w.heads:
         heads.add_row(str(h.batch), str(h.head), num(h.err, 3), str(h.rows_over))
     return [Text(f"gradients, judged as {v.dtype} against the float64 gradients of the "
-                 f"{v.dtype}-rounded Q, K, V, dO"), t, worst, heads]
+                 f"{v.dtype}-rounded Q, K, V, dO"), t, worst, *_zero_ref_note(w.rows), heads]
+
+
+NO_ULP = "—"  # the ulps of a row whose reference is exactly 0 and whose error is not
+
+
+def _ulps(u) -> Text:
+    return Text(NO_ULP) if u is None else num(u, 3)
+
+
+def _zero_ref_note(rows) -> list[Text]:
+    """The legend of "—" in an ulps column, under the table that shows one."""
+    if all(r.ulps is not None for r in rows):
+        return []
+    return [Text(f"ulps {NO_ULP}: the row's reference is exactly 0 (a row that sees no key, or "
+                 "one whose V is 0), which has no ulp; its error is the absolute one beside",
+                 style="dim")]
 
 
 def fail_line(rep, flag=None) -> str:

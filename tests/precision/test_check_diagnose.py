@@ -415,3 +415,27 @@ def test_every_head_of_every_batch_counts_each():
     q, k, v = qkv(128, 128, 32, heads=(4, 4), b=2, **BNHD)
     rep = _judge(planted("lse_base2"), q, k, v, causal=True)
     assert _tensor(rep, "lse").where == "every query row; every head (4) of every batch (2)"
+
+
+def test_rows_that_see_no_key_have_no_ulps():
+    """A row that sees no key has a reference of exactly 0, which has no ulp: its ulps read "—"
+    with a legend under the table (JSON null), not 3.36e+39 (0.309 over bf16's least
+    subnormal); a row whose error is 0 keeps 0 ulps."""
+    from osm_cli.present.json import check_doc
+    from osm_cli.present.verdicts import check_report
+
+    q, k, v = qkv(256, 128, 64, heads=(4, 4), b=1, **BNHD)  # the first 128 rows see no key
+    rep = _judge(planted("masked_rows"), q, k, v, causal=True)
+    text = as_text(check_report(rep, "out", 3), width=72)
+    assert _table(text, "worst 3 rows (ulp of bfloat16 at the row's largest |ref|)")[1] == [
+        "0", "1", "0", "0.309", "—", "0"]
+    assert "e+39" not in text
+    assert ("ulps —: the row's reference is exactly 0 (a row that sees no key, or one whose V "
+            "is 0), which has no ulp; its error is the absolute one beside" in " ".join(
+                text.split()))
+    assert [r["ulps"] for r in check_doc(rep)["worst_rows"]] == [None] * 5
+    out, lse = flash(q, k, v, causal=True)
+    ok = check(out, q, k, v, "bf16", lse=lse, causal=True, layout="bnhd")
+    assert ok.passed and ok.rows[0].err > 0
+    assert all(r.ulps is not None for r in ok.rows)
+    assert "ulps —" not in as_text(check_report(ok, "out", 3))
