@@ -230,7 +230,8 @@ def check(out, q, k, v, dtype, *, lse=None, do=None, dq=None, dk=None, dv=None, 
     diag = diagnose(rep, out=out, ref=ref, ref_d=ref_d, ref_lse=ref_lse, lse=lse,
                     lse_err=lse_err, row_err=row_err, model=mres, q=eq, k=ek, v=ev, opts=opts,
                     dt=dt, rule=rule, probe=probe, rules_table=rules_table,
-                    blocks_known=kernel is not None, given=given, top=top)
+                    blocks_known=kernel is not None, given=given, top=top,
+                    lse_base=str(lse_base))
     return replace(rep, rule=rule, lse_base=str(lse_base), **diag)
 
 

@@ -67,7 +67,7 @@ def _blocks(kernel: str | None, d: int, dv: int, causal: bool) -> tuple[int | No
 
 def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, k, v, opts,
              dt, rule: str, probe: bool, rules_table: bool, blocks_known: bool,
-             given: dict, top: int) -> dict:
+             given: dict, top: int, lse_base: str = "e") -> dict:
     """CheckReport's fields beyond FlashAttention's verdict (see check.check)."""
     from .check import lse_rows, packed_offsets, rank_heads, rows_view, view_of, worst
 
@@ -141,7 +141,8 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
                                  else cu_q, no_key=None if key_rows else no_key)
     found, tmap = None, None
     if failing and probe:
-        case = _case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing, given)
+        case = replace(_case(rep, out4, ref_d, view, lse, ref_lse, q, k, v, opts, failing,
+                             given), lse_base=str(lse_base))
         found = run_probe(case)
         if "out" in failing and case.dense and case.k.shape[2] and _plain_scores(opts):
             tmap = _tile_map(case, overs["out"], failing["out"][0], locations["out"].block, bk)

@@ -2,12 +2,13 @@
 fit, tried on the failing heads only, so that a report can say "the kernel's LSE matches osm's
 in base 2" rather than only FAIL.
 
-Tried, where they apply: the LSE in base 2 (ratio log₂e), the LSE of the unscaled scores, the
-LSE written (B, N, H) and read (B, H, N), the LSE of rows that see no key (+inf, −inf, 0); for
-the output, the other causal alignment, no causal mask or a causal one, scale 1/d or 1 (or
-1/√d when a scale was given), softcap after the mask, softcap of the unscaled scores, no
-softcap, the GQA head map h % n_kv, Q/K/V read in the other layout, K and V swapped; for every
-tensor a constant factor per head (dropout's 1/(1 − p), a scale applied twice).
+Tried, where they apply: the LSE in the other base (2, or e when it was read in base 2: ratio
+log₂e), the LSE of the unscaled scores, the LSE written (B, N, H) and read (B, H, N), the LSE
+of rows that see no key (+inf, −inf, 0); for the output, the other causal alignment, no causal
+mask or a causal one, scale 1/d or 1 (or 1/√d when a scale was given), softcap after the mask,
+softcap of the unscaled scores, no softcap, the GQA head map h % n_kv, Q/K/V read in the other
+layout, K and V swapped; for every tensor a constant factor per head (dropout's 1/(1 − p), a
+scale applied twice).
 Each alternative fits when the kernel's tensor is within the same bound of it that the rule
 gave osm's reference. The probe never changes a verdict.
 
@@ -35,6 +36,7 @@ HEADS = 2  # failing heads each alternative is tried on (the worst ones)
 ROWS = 256  # query rows of each head the alternatives are computed on (its failing rows)
 TRANSPOSE_LIMIT = 2e9  # scores·d of the whole transposed problem the layout probe may compute
 LN2 = math.log(2.0)
+_LN_OF = {"e": 1.0, "2": LN2}  # a base's log in natural units: log_b x · ln b = ln x
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Case:
     failing: dict  # tensor -> ((batch, head), …) worst first
     dense: bool = True  # False for varlen or paged batches: only the elementwise probes run
     packed: tuple = ()  # tensors whose rows are a varlen batch's, packed (batch 0: every sequence)
+    lse_base: str = "e"  # the base the kernel's LSE was read in (got["lse"] is natural since)
 
 
 class Float64Heads:
@@ -142,12 +145,14 @@ def _lse_probes(case: Case, hs) -> list[Finding]:
     fin = np.isfinite(ref)
     out = []
     g, r = got[fin], ref[fin]
-    for base in LSE_BASES:
-        if base == "e":
+    given = str(case.lse_base)
+    for base in LSE_BASES:  # the kernel's values read in the other base: ln x = log2 x · ln 2
+        if base == given:
             continue
-        out.append(_fit("lse", "lse-base-2", g * LN2, r, g, bound,
-                        "the kernel's LSE matches osm's in base 2 (max diff {diff}): "
-                        "{option} if that is its convention", ("lse_base", "2")))
+        ratio = _LN_OF[base] / _LN_OF[given]
+        out.append(_fit("lse", f"lse-base-{base}", g * ratio, r, g, bound,
+                        f"the kernel's LSE matches osm's in base {base} (max diff {{diff}}): "
+                        "{option} if that is its convention", ("lse_base", base)))
     b, h, t = ref.shape
     if h > 1 and t > 1 and h != t:
         alt = got.reshape(b, t, h).transpose(0, 2, 1)

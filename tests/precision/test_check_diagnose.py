@@ -439,3 +439,26 @@ def test_rows_that_see_no_key_have_no_ulps():
     assert ok.passed and ok.rows[0].err > 0
     assert all(r.ulps is not None for r in ok.rows)
     assert "ulps —" not in as_text(check_report(ok, "out", 3))
+
+
+def test_lse_base_2_said_of_a_natural_lse_probes_base_e(osm, tmp_path):
+    """`lse_base` "2" on a kernel whose LSE is natural (FlashAttention's): the LSE fails, and
+    the probe says base e with the flag that states it; the verdict stays FAIL."""
+    q, k, v = qkv(256, 256, 64, heads=(4, 4), b=1, **BNHD)
+    out, lse = flash(q, k, v, causal=True)
+    rep = check(out, q, k, v, "bf16", lse=lse, causal=True, layout="bnhd", lse_base="2")
+    assert not rep.passed and [t.tensor for t in rep.failures] == ["lse"]
+    found = _tensor(rep, "lse").findings
+    assert [f.probe for f in found] == ["lse-base-e"] and found[0].option == ("lse_base", "e")
+    assert advice(found[0], flag).startswith("the kernel's LSE matches osm's in base e (max "
+                                             "diff ")
+    assert advice(found[0], flag).endswith("): pass --lse-base e if that is its convention")
+    assert not [f for f in rep.probe.tried if f.probe == "lse-base-2"]
+    path = tmp_path / "natural.npz"
+    np.savez(path, out=out.astype(np.float32), softmax_lse=lse, q=q.astype(np.float32),
+             k=k.astype(np.float32), v=v.astype(np.float32))
+    r = osm("check", path, "--causal", "--layout", "bnhd", "--dtype", "bf16", "--lse-base", "2",
+            code=1)
+    assert "LSE: the kernel's LSE matches osm's in base e (max diff" in r.stdout
+    assert "probe: the kernel's LSE matches osm's in base e" in r.stderr
+    assert "pass --lse-base e if that is its convention" in r.stderr
