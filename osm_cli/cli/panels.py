@@ -32,15 +32,16 @@ PANELS = {
                        "dv_path", "block_mask"),
     "Cost model": ("seq_len", "head_dim", "heads", "dtype_bytes", "sram"),
     "Battery": ("features", "head_dims", "seqlens", "min_seqlen", "seqlen_multiple", "arrays",
-                "device", "backend", "budget", "cases", "rule", "repeat", "replay",
-                "max_failures", "no_shrink"),
+                "device", "backend", "budget", "cases", "repeat", "replay", "max_failures",
+                "no_shrink"),
     "Output": ("as_json", "csv", "plot", "svg", "html", "out_path", "lse_path", "top", "junit"),
 }
 # where a command's name means another thing: backward's --lse reads the forward's LSE, cost's
-# --batch is the batch size
+# --batch is the batch size, battery's --rule judges its cases (check's is a Verdict option)
 COMMAND_PANELS = {
     "cost": {"batch": "Cost model"},
     "backward": {"lse_path": "Kernel tensors", "seed": "Scores"},
+    "battery": {"rule": "Battery"},
 }
 _PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 

@@ -48,6 +48,18 @@ def test_one_name_two_meanings_is_placed_per_command():
     assert panel_of("attention", "lse_path") == "Output"  # attention --lse writes it
     assert panel_of("backward", "lse_path") == "Kernel tensors"  # backward --lse reads it
     assert panel_of("cost", "batch") == "Cost model" and panel_of("attention", "batch") == "Trace"
+    assert panel_of("check", "rule") == "Verdict" and panel_of("battery", "rule") == "Battery"
+
+
+def test_check_lists_rule_with_its_verdict_options():
+    """check's --rule decides its verdicts: it is listed under Verdict beside --rules-table,
+    not under Battery (a panel check has no other option in); battery's stays in Battery."""
+    r = osm("check", "--help", width=80, code=0)
+    assert "Battery" not in sections(r.stdout)
+    verdict = r.stdout.split("\nVerdict:\n")[1].split("\n\n")[0]
+    assert verdict.lstrip().startswith("--rule <fa|model>") and "--rules-table" in verdict
+    battery = osm("battery", "--help", width=80, code=0).stdout
+    assert "--rule <fa|model>" in battery.split("\nBattery:\n")[1].split("\n\n")[0]
 
 
 def test_version():
