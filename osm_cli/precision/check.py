@@ -303,20 +303,29 @@ def rank_heads(row_err, over, top: int, *, lse_err=None, by_lse: bool = False,
     varlen batch's packed rows (B = 1), taken a sequence at a time (HeadError.batch is then the
     sequence)."""
     key = lse_err if by_lse and lse_err is not None else row_err
-    spans = [(b, b, slice(None)) for b in range(row_err.shape[0])]
-    if cu_seqlens is not None:
-        cu = np.asarray(cu_seqlens, dtype=np.int64)
-        spans = [(s, 0, slice(int(cu[s]), int(cu[s + 1]))) for s in range(len(cu) - 1)]
-    found = []
-    for label, b, rows in spans:
-        for h in range(row_err.shape[1]):
-            k = key[b, h, rows]
-            score = float(np.where(np.isnan(k), np.inf, k).max(initial=-np.inf))
-            lse = None if lse_err is None else float(lse_err[b, h, rows].max(initial=0.0))
-            found.append((score, HeadError(label, h, float(row_err[b, h, rows].max(initial=0.0)),
-                                           int(np.count_nonzero(over[b, h, rows])), lse)))
-    order = sorted(range(len(found)), key=lambda i: -found[i][0])  # stable: first on a tie
-    return tuple(found[i][1] for i in order[:top])
+    if cu_seqlens is None:
+        def per_head(x, ufunc, empty):  # (B, H)
+            return ufunc.reduce(x, axis=-1, initial=empty)
+    else:
+        n = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+        starts = np.asarray(cu_seqlens, dtype=np.int64)[:-1][n > 0]
+
+        def per_head(x, ufunc, empty):  # (sequences, H); an empty sequence holds `empty`
+            got = np.full((n.size, x.shape[1]), empty, dtype=x.dtype)
+            if starts.size:
+                got[n > 0] = ufunc.reduceat(x[0], starts, axis=-1).T
+            return got
+
+    score = per_head(np.where(np.isnan(key), np.inf, key), np.maximum, -np.inf)
+    err = per_head(row_err, np.maximum, 0.0)
+    count = per_head(np.asarray(over, dtype=np.int64), np.add, 0)
+    lse = None if lse_err is None else per_head(lse_err, np.maximum, 0.0)
+    heads = []
+    for flat in np.argsort(-score.ravel(), kind="stable")[:top]:
+        g, h = (int(x) for x in np.unravel_index(int(flat), score.shape))
+        heads.append(HeadError(g, h, float(err[g, h]), int(count[g, h]),
+                               None if lse is None else float(lse[g, h])))
+    return tuple(heads)
 
 
 def row_maxima(out_rows: np.ndarray, ref_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

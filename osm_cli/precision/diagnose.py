@@ -105,9 +105,10 @@ def diagnose(rep, *, out, ref, ref_d, ref_lse, lse, lse_err, row_err, model, q, 
     flagged = [b for b in bias if b.flagged]
     if rule == "model" and flagged:
         # a varlen batch's bias pools each head's rows of every sequence (its batch 0)
-        of = (lambda b: " (all sequences)") if cu_q is not None else (
-            lambda b: f" of batch {b.batch}")
-        reasons.append(", ".join(f"head {b.head}{of(b)} biased {b.bias:+.2g}"
+        varlen = cu_q is not None
+        reasons.append(", ".join(f"head {b.head}"
+                                 + (" (all sequences)" if varlen else f" of batch {b.batch}")
+                                 + f" biased {b.bias:+.2g}"
                                  for b in flagged[:3]) + (", …" if len(flagged) > 3 else ""))
     r, over, ok = judge("out", vd.rule, vd.err, rep.model_err, row_err, reasons)
     over = over | nz
