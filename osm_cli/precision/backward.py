@@ -90,13 +90,14 @@ def flash_backward(m: Model, q, k, v, do, out=None, lse=None, *,
     kernel_backward.KernelBackward, replaces that arithmetic (an ablation:
     benchmarks/kernel_bits.py). kwargs are attention_backward's
     (trace_at, trace_key, progress)."""
-    from .presets import default_kernel, mma_for
+    from .presets import default_kernel, mma_for, refuse_scale
 
     # score options given as keywords (causal=True …) hold for the forward run here too
     score = {key: kwargs.pop(key) for key in [key for key in kwargs if key in _SCORE_FIELDS]}
     opts = replace(opts or ScoreOptions(), **score)
     name = kernel or default_kernel(m.name, opts)
     mma = mma_for(name, mma)
+    refuse_scale(name, opts.scale)
     if tiling is None:
         d = np.shape(q)[-1]
         tiling = Tiling(*(fa4_backward_blocks(d, bool(opts.causal or opts.window is not None))

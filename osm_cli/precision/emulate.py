@@ -62,7 +62,7 @@ from .gpu_ops import (
     row_sums,
 )
 from .model import Model
-from .presets import EIGHT, Preset, mma_for
+from .presets import EIGHT, Preset, mma_for, refuse_scale
 from .splitkv import split_kv_run
 
 
@@ -98,6 +98,7 @@ def run_kernel(kernel: Preset, m: Model, q, k, v, *, opts: ScoreOptions | None =
     multiprocessors for FA2's split-KV heuristic (132, an H100/H200, by default).
     """
     opts, tiling, _ = split_options(options, opts, tiling, hooks)
+    refuse_scale(kernel.name, opts.scale)
     mma = mma_for(kernel.name, mma)
     if opts.score_mod is not None and kernel.softcap != "score-mod":
         raise OsmError(f"kernel {kernel.name} models its kernel's fixed score options "

@@ -316,6 +316,21 @@ def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
                        "with `dtype` e4m3 or e5m2")
 
 
+def refuse_scale(kernel: str, scale: float | None) -> None:
+    """One Error line for a `softmax_scale` ≤ 0 on a kernel preset: the kernels take each
+    row's max of the unscaled S and fold the scale into exp2(S·c − max(S)·c), which stays ≤ 1
+    only for a positive scale (with a negative one the kernel's P and α overflow, with 0 its
+    rescale is NaN), so there is no kernel's arithmetic to model; osm's own tiles take the max
+    of the scaled scores and run it (the scale note says what it does).
+
+    Example: refuse_scale("fa2", -1.0) raises OsmError
+    """
+    if kernel not in (None, "tiles") and scale is not None and not scale > 0:
+        raise OsmError(f"`softmax_scale` {scale:g}: kernel {kernel} takes each row's max of the "
+                       "unscaled scores and exp2 of (S − max)·scale·log2 e, finite only for a "
+                       "positive scale; `kernel` tiles runs it")
+
+
 def _asks(opts) -> dict:
     """The options of a run that some presets do not take (Preset.check's keywords)."""
     mask = getattr(opts, "mask", None)
@@ -327,4 +342,4 @@ def _asks(opts) -> dict:
 
 
 __all__ = ["EIGHT", "PRESETS", "SIXTEEN", "SMS", "Preset", "default_kernel", "fa2_plan",
-           "judged_as", "kernel_for", "mma_for", "preset", "preset_refusals"]
+           "judged_as", "kernel_for", "mma_for", "preset", "preset_refusals", "refuse_scale"]

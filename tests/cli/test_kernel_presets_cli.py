@@ -427,3 +427,23 @@ def test_fp8_trace_shows_the_saturating_p(width):
     assert all(len(ln) <= width for ln in r.stdout.splitlines())
     doc = json.loads(osm("attention", *FP8, "--json").stdout)
     assert [(s["p_max"], s["saturated"]) for s in doc["trace"]["steps"]] == [(256.0, 0)] * 4
+
+
+@pytest.mark.parametrize("command, files", [
+    ("attention", QKV), ("backward", [*QKV, "samples/do.npy"]),
+    ("check", ["samples/kernel_bf16.safetensors"])])
+@pytest.mark.parametrize("scale", ["-1", "0"])
+def test_a_preset_refuses_a_scale_not_positive(command, files, scale):
+    """A preset takes each row's max of the unscaled S and exp2 of (S − max)·c: with a scale ≤ 0
+    its arithmetic is no softmax (it overflowed, two RuntimeWarnings and NaN); one Error line,
+    and osm's own tiles still run it."""
+    r = osm(command, *files, "--dtype", "bf16", "--scale", scale)
+    assert r.exit_code == 1 and "Warning" not in r.stderr and r.stdout == ""
+    assert r.stderr.splitlines()[-1] == (
+        f"Error: --scale {scale}: kernel fa2 takes each row's max of the unscaled scores and "
+        "exp2 of (S − max)·scale·log2 e, finite only for a positive scale; --kernel tiles runs "
+        "it")
+    r = osm(command, *files, "--dtype", "bf16", "--scale", scale, "--kernel", "tiles")
+    assert "Warning" not in r.stderr and "nan" not in r.stdout and "Error" not in r.stderr
+    # the captured kernel ran the default scale: judged against another one it FAILs
+    assert r.exit_code == (1 if command == "check" else 0)
