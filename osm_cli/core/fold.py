@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from osm_cli.errors import ShapeError
+
 from .fastfold import EagerFold, eligible
 from .inputs import as_numbers
 from .notebook import Notebook, trace_tables
@@ -96,7 +98,11 @@ class Folding:
             raise ValueError(f"form must be one of {FORMS}, not {form!r}")
         if block < 1:
             raise ValueError("block must be at least 1")
-        self.s2 = np.atleast_2d(as_numbers(scores, "scores"))
+        scores = as_numbers(scores, "scores")
+        if scores.ndim > 2:  # the fast fold and the records take rows of one row each
+            raise ShapeError(f"scores must be one row (1-D) or rows (2-D), not {scores.ndim}-D "
+                             f"of shape {scores.shape}")
+        self.s2 = np.atleast_2d(scores)
         block = min(int(block), max(1, self.s2.shape[1]))  # longer than the row: one block
         self.block, self.form, self.row, self.order = block, form, row, order
         self.step_kw = {"threshold": threshold} if form == "rescale" else {}

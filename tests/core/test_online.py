@@ -24,6 +24,7 @@ from osm_cli.core.state import (
     merge_step,
     rescale_step,
 )
+from osm_cli.errors import ShapeError
 
 E = math.exp
 FORMS = ("rescale", "merge")
@@ -455,3 +456,12 @@ def test_trace_counts_rescales_over_every_row():
     assert online_softmax(s, 2).rescales == 1
     assert online_softmax(s, 2, "merge").rescales == 1
     assert online_softmax(s, 1).rescales == 1 + 1 + 1 + 1  # 1→2, 2→5; 2→4; 0→1
+
+
+@pytest.mark.parametrize("scores", [[[[]]], [[[1.0]]], np.zeros((2, 3, 4))])
+def test_scores_of_three_axes_are_refused(scores):
+    """online_softmax takes a row or rows: a 3-D input is a ShapeError naming its shape, not
+    numpy's unpacking error from the fast fold (found by the hypothesis fuzz test)."""
+    with pytest.raises(ShapeError, match=r"scores must be one row \(1-D\) or rows \(2-D\), not "
+                                         r"3-D of shape \("):
+        online_softmax(scores)
