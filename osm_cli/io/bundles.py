@@ -181,14 +181,7 @@ def load_kernel_tensors(files: list[str], lse: str | None, input_dtype: str | No
     numbers; "name" is what the report calls OUT."""
     if len(files) == 1:
         if not is_bundle(Path(files[0])) and Path(files[0]).is_file():
-            with open(files[0], "rb") as fh:
-                head = fh.read(6)
-            if head.startswith(b"PK"):  # a zip without its directory: cut short
-                raise InputError(f"{files[0]}: not a valid .npz file (a zip archive without its "
-                                 "directory: truncated?)")
-            if head != b"\x93NUMPY":
-                raise InputError(f"{files[0]}: not a valid .npy/.npz file (it has no NPY "
-                                 "header)")
+            load_array(Path(files[0]))  # a file cut short or no array file: the loader says so
             raise InputError(f"{files[0]}: one array; check takes BUNDLE (one .npz or "
                              ".safetensors holding out, q, k, v), OUT Q K V or OUT QKV")
         t = dict(load_bundle(files[0], input_dtype, need=("out", "q", "k", "v")))

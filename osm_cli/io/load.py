@@ -135,8 +135,12 @@ def _load_npy(path: Path, key: str | None, mmap: bool) -> np.ndarray:
                 where = f"{path}: member {chosen!r}"
         else:
             with open(path, "rb") as fh:
-                if fh.read(6) != b"\x93NUMPY":  # np.load would take anything else for a pickle
-                    raise InputError(f"{path}: not a valid .npy/.npz file (it has no NPY header)")
+                head = fh.read(6)
+            if head.startswith(b"PK"):  # a zip without its directory: a copy cut short
+                raise InputError(f"{path}: not a valid .npz file (a zip archive without its "
+                                 "directory: truncated?)")
+            if head != b"\x93NUMPY":  # np.load would take anything else for a pickle
+                raise InputError(f"{path}: not a valid .npy/.npz file (it has no NPY header)")
             arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
             where = str(path)
     except (InputError, MemoryError):
