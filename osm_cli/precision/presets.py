@@ -282,11 +282,11 @@ def judged_as(dtype: str | None, kernel: str | None, out, name: str, q, k, v):
 
 def preset_refusals(name: str, *, order: str = "forward", form: str = "rescale",
                     splits: int | None = None, block_q: int | None = None,
-                    descale=None, dtype: str | None = None, mma: str | None = None) -> None:
+                    descale=None, dtype: str | None = None) -> None:
     """What kernel `name` does not take, as one error naming both: another tile order, the
-    merge form, splits, block_q, descales off FP8; tiles takes no descales and no mma but
-    blas (mma_for). The one place these are checked, for every entry point."""
-    mma_for(name, mma)
+    merge form, splits, block_q, descales off FP8; tiles takes no descales (nor any mma but
+    blas: mma_for, which every entry point calls to resolve its mma). The one place these are
+    checked, for every entry point."""
     if name == "tiles":
         if descale is not None:
             raise OsmError("`q_descale`, `k_descale` and `v_descale` are FP8's descale factors "
