@@ -125,6 +125,20 @@ def library_checked(check: str):
 finite_scale = library_checked("check_scale")
 
 
+def window_pair(value):
+    """--window's callback: LEFT,RIGHT read and its sides checked by the library (io.parse_pair,
+    flash.masks.check_window), a refusal a bad option value (exit 2) as library_checked's."""
+    if value is not None:
+        from osm_cli.flash.masks import check_window
+        from osm_cli.io import parse_pair
+
+        try:
+            check_window(parse_pair(value, "the window"))
+        except OsmError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 def show_version(value: bool) -> None:
     """--version: print osm's version and exit."""
     if value:
@@ -145,7 +159,8 @@ CausalAlignOpt = Annotated[
                         "(PyTorch is_causal) when Q and K lengths differ.")
 ]
 WindowOpt = Annotated[
-    str | None, typer.Option("--window", "--window-size", help="Sliding window LEFT,RIGHT: "
+    str | None, typer.Option("--window", "--window-size", callback=window_pair,
+                             help="Sliding window LEFT,RIGHT: "
                              "keys seen on each side of the diagonal (-1 = unbounded).")
 ]
 MaskOpt = Annotated[

@@ -228,6 +228,13 @@ class Band:
         return (j >= lo) & (j <= hi)
 
 
+def check_window(sides) -> None:
+    """Each window side is a number of keys ≥ 0, -1 for unbounded, or None (unbounded)."""
+    if any(x is not None and x < -1 for x in sides):
+        raise InputError(f"window sides are a number of keys (≥ 0), or -1 for unbounded; got "
+                         f"{sides[0]},{sides[1]}")
+
+
 def make_band(t: int, s: int, causal: bool, align: str, window) -> Band | None:
     """The band of a causal mask and/or a (left, right) window, or None when all keys are seen.
 
@@ -240,9 +247,7 @@ def make_band(t: int, s: int, causal: bool, align: str, window) -> Band | None:
     if not causal and window is None:
         return None
     sides = (None, None) if window is None else tuple(window)
-    if any(x is not None and x < -1 for x in sides):
-        raise InputError(f"window sides are a number of keys (≥ 0), or -1 for unbounded; got "
-                         f"{sides[0]},{sides[1]}")
+    check_window(sides)
     left, right = (None if x is None or x < 0 or x >= t + s else int(x) for x in sides)
     if causal:
         right = 0 if right is None else min(right, 0)

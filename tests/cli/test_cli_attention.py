@@ -251,10 +251,29 @@ def test_bad_arrays(tmp_path, case):
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--window", "3"], "--window must be two integers LEFT,RIGHT (e.g. 128,0); got '3'"),
+    (["--window", "3"], "Invalid value for '--window' / '--window-size': the window must be two "
+                        "integers LEFT,RIGHT (e.g. 128,0); got '3'"),
     (["--window", "a,b"], "got 'a,b'"),
     (["--window", "1,2,3"], "got '1,2,3'"),
-    (["--window", ""], "--window must be two integers"),
+    (["--window", "3.5,0"], "got '3.5,0'"),
+    (["--window", ""], "the window must be two integers"),
+    (["--window", "-5,0"], "window sides are a number of keys (≥ 0), or -1 for unbounded; got "
+                           "-5,0"),
+])
+def test_bad_window_is_a_bad_option_value(args, words):
+    """A --window that is no pair of sides is a bad option value (exit 2), for every command
+    that takes it, before any file is read."""
+    for command in (["attention", *SAMPLE_FILES], ["check", "missing.npz"],
+                    ["backward", "--random", "1,1,4,2"], ["sweep", *SAMPLE_FILES]):
+        result = osm(*command, *args)
+        assert (result.exit_code, result.stdout) == (2, ""), result.stderr
+        assert result.stderr.startswith(f"Usage: osm {command[0]} [OPTIONS]")
+        last = result.stderr.rstrip().splitlines()[-1]
+        assert last.startswith("Error: ") and words in last, last
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
     (["--head", "2"], "traced row (batch 0, head 2, query 0) is outside Q's (B, H, t) = (1, 2, 8)"),
     (["--query", "8"], "traced row (batch 0, head 0, query 8) is outside"),
     (["--batch", "1"], "traced row (batch 1, head 0, query 0) is outside"),

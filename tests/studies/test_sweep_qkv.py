@@ -244,7 +244,6 @@ def test_cli_sweep_qkv_plot_without_matplotlib(tmp_path, monkeypatch, ramp_npz):
     [
         (["--values", "1,2"], "--values and --head-dim are for scores"),
         (["-d", "8"], "--values and --head-dim are for scores"),
-        (["--window", "1"], "--window must be two integers LEFT,RIGHT"),
     ],
 )
 def test_cli_sweep_qkv_errors(ramp_npz, args, message):
