@@ -123,8 +123,10 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
     by_lse = rep.ranked_by == "lse"  # the heads as the rows: by the tensor that fails
     heads = Table(title="worst heads by |LSE − ref|" if by_lse else "worst heads",
                   box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    # ranked by the LSE, the count is the LSE's rows over the bound (and a narrower header
+    # keeps a varlen batch's five columns within 72)
     for c in ("sequence" if rep.varlen else "batch", "head", "max |out − ref|",
-              *(("max |LSE − ref|",) if by_lse else ()), "rows over the bound"):
+              *(("max |LSE − ref|", "rows over (LSE)") if by_lse else ("rows over the bound",))):
         heads.add_column(c, justify="right")
     for h in rep.heads:
         heads.add_row(str(h.batch), str(h.head), num(h.err, 3),
@@ -136,6 +138,8 @@ def check_report(rep, name: str, top: int, flag=None) -> Group:
         bias = diagnosis.bias_line(rep)
         if bias is not None:
             parts.append(bias)
+    if isinstance(parts[-1], Text):  # the probe's advice, the tile map: a line before the rows
+        parts.append(Text(""))
     parts += [rows, *_zero_ref_note(rep.rows), heads]
     if rep.hint:
         parts.append(Text(rep.hint, style="yellow"))

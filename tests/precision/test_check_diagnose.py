@@ -322,7 +322,7 @@ def test_lse_only_failure_ranks_heads_by_lse(osm):
     text = osm(*LSE_BASE2, code=1).stdout
     table = text.split("worst heads by |LSE − ref|\n")[1].strip().splitlines()
     assert [x.strip() for x in table[0].split("   ") if x.strip()] == [
-        "batch", "head", "max |out − ref|", "max |LSE − ref|", "rows over the bound"]
+        "batch", "head", "max |out − ref|", "max |LSE − ref|", "rows over (LSE)"]
     assert table[2].split() == ["0", "1", "1.53e-05", "2.47", "128"]
     assert table[3].split() == ["0", "0", "0", "2.44", "127"]
     doc = json.loads(osm(*LSE_BASE2, "--json", code=1).stdout)
@@ -330,6 +330,36 @@ def test_lse_only_failure_ranks_heads_by_lse(osm):
     assert [(h["head"], h["rows_over"], round(h["lse_err"], 2)) for h in doc["worst_heads"]] == [
         (1, 128, 2.47), (0, 127, 2.44)]
     assert {"batch", "head", "err", "rows_over"} <= set(doc["worst_heads"][0])
+
+
+@pytest.mark.parametrize("width", [72, 80, 100])
+def test_varlen_lse_only_report_fits(tmp_path, osm, width):
+    """A varlen bundle whose LSE is base 2 (out correct): the report's worst heads, ranked by the
+    LSE, count the LSE's rows under a one-line header that fits 72 columns with the sequence
+    column; the probe's advice is followed by a blank line before the worst rows' title."""
+    from osm_cli import attention_reference
+
+    cu = np.array([0, 100, 180, 256], np.int32)
+    q, k, v = qkv(256, 256, 32, heads=(2, 2), seed=4, **BNHD)
+    ref = attention_reference(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                              layout="bnhd")
+    lse2 = (np.asarray(ref.lse, np.float64) * math.log2(math.e)).astype(np.float32)
+    path = tmp_path / "varlen_lse2.npz"
+    f32 = [np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32) for x in (q, k, v, ref.out)]
+    np.savez(path, **dict(zip("qkv", f32[:3], strict=True)), out=f32[3], softmax_lse=lse2,
+             cu_seqlens_q=cu, cu_seqlens_k=cu)
+    text = osm("check", path, "--causal", "--layout", "bnhd", "--dtype", "bf16", width=width,
+               code=1).stdout
+    assert max(map(len, text.splitlines())) <= width
+    heads = text.split("worst heads by |LSE − ref|\n\n")[1].splitlines()
+    assert [x.strip() for x in heads[0].split("   ") if x.strip()] == [
+        "sequence", "head", "max |out − ref|", "max |LSE − ref|", "rows over (LSE)"]
+    assert set(heads[1].strip()) == {"─"}
+    rows = [line.split() for line in heads[2:] if line.strip()]
+    assert len(rows) == 5  # of 3 sequences × 2 heads
+    for seq, _, out_err, _, count in rows:  # out is right; nearly every LSE row is over
+        assert out_err == "0" and 0 <= cu[int(seq) + 1] - cu[int(seq)] - int(count) <= 1
+    assert "convention\n\nworst 5 rows by |LSE − ref|\n" in text
 
 
 def _varlen_shift(**kw):
