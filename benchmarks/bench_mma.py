@@ -128,15 +128,27 @@ def one_matmul(reps: int) -> None:
     a, b = bf16(rng, (8, 1024, 64)), bf16(rng, (8, 64, 128))
     few = a[:, :128]
     mma.tensor_core(a[:, :16], b)  # compile (or load numba's cache) before timing
+    runs = {"blas": lambda: np.matmul(a, b), "numba": lambda: mma.tensor_core(a, b),
+            "numpy": lambda: mma.tensor_core_numpy(few, b)}
+    wide = mma.HAVE_NUMBA and mma.AVX512  # the default kernel is AVX-512's: the portable too
+    if wide:
+        from osm_cli.precision import _mma_numba
+
+        out, c = np.empty((8, 1024, 128), np.float32), np.zeros((8, 1024, 128), np.float32)
+        _mma_numba.mma(a, b, c, out)  # compile (or load its cache)
+        runs["portable"] = lambda: _mma_numba.mma(a, b, c, out)
     with threadpool_limits(1, user_api="blas"):  # one thread each, as in the kernel's loop
-        med = interleaved({"blas": lambda: np.matmul(a, b), "numba": lambda: mma.tensor_core(a, b),
-                           "numpy": lambda: mma.tensor_core_numpy(few, b)}, reps)
+        med = interleaved(runs, reps)
     terms = a.size * b.shape[-1]
     ns = {k: v / terms * 1e9 for k, v in med.items()}
     ns["numpy"] *= a.shape[1] / few.shape[1]
+    kernel = "numba, AVX-512" if wide else "numba"
+    portable = (f" (the portable kernel {ns['portable']:.3f}: "
+                f"{ns['portable'] / ns['numba']:.2f}×)" if wide else "")
     print(f"1. S = Q·Kᵀ, (8, 1024, 64) @ (8, 64, 128), bf16, one thread: ns a term: BLAS "
-          f"{ns['blas']:.3f}, tensor-core numba {ns['numba']:.3f} ({ns['numba'] / ns['blas']:.1f}× "
-          f"BLAS), numpy {ns['numpy']:.1f} ({ns['numpy'] / ns['numba']:.0f}× numba)\n")
+          f"{ns['blas']:.3f}, tensor-core {kernel} {ns['numba']:.3f} "
+          f"({ns['numba'] / ns['blas']:.1f}× BLAS){portable}, numpy {ns['numpy']:.1f} "
+          f"({ns['numpy'] / ns['numba']:.0f}× numba)\n")
 
 
 def row(what: str, h: int, n: int, d: int, runs: dict, reps: int) -> float:

@@ -24,7 +24,8 @@ runs its Q tiles a thread per core (attention/forward.py), so a parallel kernel 
 oversubscribe the cores (and numba's default thread pool on macOS is not safe to enter from
 several threads at once).
 
-Leaves out: the shapes and broadcasting (mma.tensor_core), the numpy path (mma.py).
+Leaves out: the shapes and broadcasting (mma.tensor_core), the numpy path (mma.py), the same
+16-bit path in AVX-512's instructions (_mma_avx512.py, which shares setup and row64).
 
 Example: mma(a, b, np.zeros((1, 2, 3), np.float32), out) fills out (1, 2, 3)
 """
@@ -267,37 +268,54 @@ def _panels(b, wide, wpad):
 
 
 @njit(boundscheck=False, nogil=True, cache=True)
-def _run(a, b, c, out):
-    g_, m_, k = a.shape
+def setup(a, b, c):
+    """What a run needs beside its rows (this kernel's and _mma_avx512's): whether every row may
+    take the 16-bit path, b's panels, the panels' widths (`wide` in panels of 64, `wpad` with
+    the last ones of 16)."""
     width = b.shape[2]
-    a2 = a.reshape(g_ * m_, k)
-    c2 = c.reshape(g_ * m_, width)
-    o2 = out.reshape(g_ * m_, width)
     wide = width // PANEL * PANEL
     wpad = wide + -(-(width - wide) // TAIL) * TAIL
     fast = _fits16(a) and _fits16(b) and _all_finite(c)
-    bp = _panels(b, wide, wpad)
-    acc = np.zeros(width, np.float32)
+    return fast, _panels(b, wide, wpad), wide, wpad
+
+
+@njit(boundscheck=False, nogil=True, cache=True)
+def row64(a, b, c, out, gm):
+    """Output row gm of (G·M, N) out in float64 (a row the 16-bit path leaves)."""
+    m_, width, k = a.shape[1], b.shape[2], a.shape[2]
+    acc = c.reshape(-1, width)[gm].copy()
+    _row64(a.reshape(-1, k)[gm], b[gm // m_].reshape(-1), acc, out.reshape(-1, width)[gm],
+           width, k)
+
+
+@njit(boundscheck=False, nogil=True, cache=True)
+def _run(a, b, c, out):
+    g_, m_, k = a.shape
+    width = b.shape[2]
+    a2, c2, o2 = a.reshape(g_ * m_, k), c.reshape(g_ * m_, width), out.reshape(g_ * m_, width)
+    fast, bp, wide, wpad = setup(a, b, c)
     row = np.zeros(wpad, np.float32)
     for gm in range(g_ * m_):
         row[:width] = c2[gm]
         if not fast or _row16(a2[gm], bp[gm // m_], row, k, wide, wpad):
-            acc[:] = c2[gm]
-            _row64(a2[gm], b[gm // m_].reshape(-1), acc, o2[gm], width, k)
+            row64(a, b, c, out, gm)
         else:
             o2[gm] = row[:width]
 
 
-def mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
-    """out = a @ b + c as the tensor cores accumulate (module docstring); K is padded with zero
-    products to a multiple of 16 (a zero term changes neither a chunk's largest term nor its
-    sum)."""
-    k = a.shape[-1]
-    pad = -k % K16
+def padded(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a and b with K padded by zero products to a multiple of 16 (a zero term changes neither
+    a chunk's largest term nor its sum)."""
+    pad = -a.shape[-1] % K16
     if pad:
         a = np.concatenate([a, np.zeros((*a.shape[:-1], pad), np.float32)], axis=-1)
         b = np.concatenate([b, np.zeros((b.shape[0], pad, b.shape[2]), np.float32)], axis=1)
-    _run(a, b, c, out)
+    return a, b
 
 
-__all__ = ["mma"]
+def mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
+    """out = a @ b + c as the tensor cores accumulate (module docstring)."""
+    _run(*padded(a, b), c, out)
+
+
+__all__ = ["mma", "padded", "row64", "setup"]

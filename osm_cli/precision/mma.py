@@ -20,6 +20,10 @@ same bits) when an operand has more than 11 significant bits, a magnitude above 
 accumulator is not finite; a chunk whose largest term is below 2^−100 or above 2^120 takes the
 float64 arithmetic for that element. numpy's sum of a zero chunk is +0, and so is the kernel's.
 
+Two compiled kernels give these bits: _mma_avx512.py in AVX-512's own instructions where the
+CPU has AVX-512F and DQ (fewer vector instructions a term: VRANGEPS for the largest magnitude,
+a conversion toward zero), else _mma_numba.py, which LLVM vectorizes for any CPU.
+
 Measured (benchmarks/bench_mma.py): numba's kernel is ~40× faster than the numpy path; numpy
 alone cannot reach it, because it makes every product and every truncation as a float64 array
 pass (~10 passes of 17 terms per output element per chunk) where the kernel keeps them in
@@ -43,6 +47,9 @@ MMA_EXTRA = 2  # bits the tensor cores keep below float32's last when aligning t
 # numba compiles the fast kernel (imported on first use: it takes a while to load); without
 # it, the numpy path gives the same bits, slowly
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+# The compiled kernel in AVX-512's own instructions (_mma_avx512.py) where the CPU has them:
+# None until the first call asks the CPU; tests set it to run either kernel
+AVX512: bool | None = None
 
 
 def tensor_core(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
@@ -50,8 +57,7 @@ def tensor_core(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np
     and b (..., K, N) float32 with broadcastable leading axes, c (..., M, N) or None."""
     if not HAVE_NUMBA:
         return tensor_core_numpy(a, b, c)
-    from . import _mma_numba as kern
-
+    kern = _compiled()
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -69,6 +75,20 @@ def tensor_core(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np
         else:
             kern.mma(a3, b3, c3, out)
     return out.reshape(shape)
+
+
+def _compiled():
+    """The compiled kernel's module: AVX-512's (where the CPU has it) or the portable one."""
+    global AVX512
+    if AVX512 is None:
+        from . import _mma_avx512
+
+        AVX512 = _mma_avx512.available()
+    if AVX512:
+        from . import _mma_avx512 as kern
+    else:
+        from . import _mma_numba as kern
+    return kern
 
 
 def _stack(x: np.ndarray, shape: tuple, g: int) -> np.ndarray:
@@ -105,4 +125,5 @@ def toward_zero(x: np.ndarray) -> np.ndarray:
     return np.where(over, np.nextafter(f, np.float32(0)), f).astype(np.float64)
 
 
-__all__ = ["HAVE_NUMBA", "MMA_EXTRA", "MMA_K", "tensor_core", "tensor_core_numpy", "toward_zero"]
+__all__ = ["AVX512", "HAVE_NUMBA", "MMA_EXTRA", "MMA_K", "tensor_core", "tensor_core_numpy",
+           "toward_zero"]

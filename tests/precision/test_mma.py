@@ -78,12 +78,24 @@ def _extremes(x, dt, rng):
     return x
 
 
-@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
+def _has_avx512() -> bool:
+    if not mma.HAVE_NUMBA:
+        return False
+    from osm_cli.precision import _mma_avx512
+
+    return _mma_avx512.available()
+
+
+@pytest.fixture(params=["avx512", "numba", "numpy"])
 def path(request, monkeypatch):
-    """Both of tensor_core's paths: compiled (where numba is installed) and numpy."""
-    if request.param and not mma.HAVE_NUMBA:
+    """Every path of tensor_core: compiled in AVX-512's instructions (where the CPU has them),
+    compiled portably (where numba is installed), numpy."""
+    if request.param != "numpy" and not mma.HAVE_NUMBA:
         pytest.skip("numba is not installed")
-    monkeypatch.setattr(mma, "HAVE_NUMBA", request.param)
+    if request.param == "avx512" and not _has_avx512():
+        pytest.skip("this CPU has no AVX-512F and DQ")
+    monkeypatch.setattr(mma, "HAVE_NUMBA", request.param != "numpy")
+    monkeypatch.setattr(mma, "AVX512", request.param == "avx512")
     return request.param
 
 
@@ -145,6 +157,34 @@ def test_any_shape_scale_and_zeros(seed, m, k, n, dt, ea, eb, ec, zeros):
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
         assert same_bits(mma.tensor_core(a, b), reference(a, b))
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F and DQ")
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 5), k=st.integers(1, 70),
+       n=st.integers(1, 200), dt=st.sampled_from(["bf16", "fp16", "e4m3", "e5m2"]),
+       ea=st.integers(-75, 62), eb=st.integers(-75, 62), ec=st.integers(-140, 127),
+       zeros=st.floats(0, 0.9))
+def test_the_two_compiled_kernels_agree(seed, m, k, n, dt, ea, eb, ec, zeros):
+    """_mma_avx512 (VRANGEPS for the largest magnitude, VCVTDQ2PS toward zero) and the portable
+    kernel give the same bits on any shape, scale and share of zeros, rows past the 16-bit
+    path's range (the float64 rows) included."""
+    from osm_cli.precision import _mma_avx512, _mma_numba
+
+    rng = np.random.default_rng(seed)
+    d = DTYPES[dt]
+    a = _values(rng, (2, m, k), d, 1.0) * F32(2.0**ea)
+    b = _values(rng, (2, k, n), d, 1.0) * F32(2.0**eb)
+    a[rng.random(a.shape) < zeros] = -0.0
+    b[rng.random(b.shape) < zeros] = 0
+    with np.errstate(over="ignore", under="ignore"):
+        c = (rng.standard_normal((2, m, n)) * 2.0**ec).astype(F32)
+    c[rng.random(c.shape) < zeros] = 0
+    wide, portable = np.empty((2, m, n), F32), np.empty((2, m, n), F32)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        _mma_avx512.mma(a, b, c, wide)
+        _mma_numba.mma(a, b, c, portable)
+    assert same_bits(wide, portable)
 
 
 def test_non_finite_and_cancelling_terms(path):
