@@ -130,25 +130,28 @@ def one_matmul(reps: int) -> None:
     mma.tensor_core(a[:, :16], b)  # compile (or load numba's cache) before timing
     runs = {"blas": lambda: np.matmul(a, b), "numba": lambda: mma.tensor_core(a, b),
             "numpy": lambda: mma.tensor_core_numpy(few, b)}
-    wide = mma.HAVE_NUMBA and mma.AVX512  # the default kernel is AVX-512's: the portable too
+    wide = mma.HAVE_NUMBA and mma.AVX512  # the default kernel is AVX-512's: both, called alike
     if wide:
-        from osm_cli.precision import _mma_numba
+        from osm_cli.precision import _mma_avx512, _mma_numba
 
         out, c = np.empty((8, 1024, 128), np.float32), np.zeros((8, 1024, 128), np.float32)
-        _mma_numba.mma(a, b, c, out)  # compile (or load its cache)
-        runs["portable"] = lambda: _mma_numba.mma(a, b, c, out)
+        for name, kern in (("avx512", _mma_avx512), ("portable", _mma_numba)):
+            kern.mma(a, b, c, out)  # compile (or load its cache)
+            runs[name] = lambda kern=kern: kern.mma(a, b, c, out)
+    calls = 5  # a timing of 5 calls each (one takes a few ms: the machine's noise is larger)
     with threadpool_limits(1, user_api="blas"):  # one thread each, as in the kernel's loop
-        med = interleaved(runs, reps)
-    terms = a.size * b.shape[-1]
+        med = interleaved({name: (lambda fn=fn: [fn() for _ in range(calls)])
+                           for name, fn in runs.items()}, max(reps, 5))
+    terms = a.size * b.shape[-1] * calls
     ns = {k: v / terms * 1e9 for k, v in med.items()}
     ns["numpy"] *= a.shape[1] / few.shape[1]
-    kernel = "numba, AVX-512" if wide else "numba"
-    portable = (f" (the portable kernel {ns['portable']:.3f}: "
-                f"{ns['portable'] / ns['numba']:.2f}×)" if wide else "")
     print(f"1. S = Q·Kᵀ, (8, 1024, 64) @ (8, 64, 128), bf16, one thread: ns a term: BLAS "
-          f"{ns['blas']:.3f}, tensor-core {kernel} {ns['numba']:.3f} "
-          f"({ns['numba'] / ns['blas']:.1f}× BLAS){portable}, numpy {ns['numpy']:.1f} "
-          f"({ns['numpy'] / ns['numba']:.0f}× numba)\n")
+          f"{ns['blas']:.3f}, tensor-core numba {ns['numba']:.3f} ({ns['numba'] / ns['blas']:.1f}× "
+          f"BLAS), numpy {ns['numpy']:.1f} ({ns['numpy'] / ns['numba']:.0f}× numba)")
+    if wide:
+        print(f"   the kernels alone (out given): AVX-512's {ns['avx512']:.3f}, the portable one "
+              f"{ns['portable']:.3f} ({ns['portable'] / ns['avx512']:.2f}×)")
+    print()
 
 
 def row(what: str, h: int, n: int, d: int, runs: dict, reps: int) -> float:
