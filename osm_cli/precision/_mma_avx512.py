@@ -165,6 +165,9 @@ def _row16(ar, bp, acc, k, wide, wpad):
 
 @njit(boundscheck=False, nogil=True, cache=True)
 def _run(a, b, c, out):
+    # _mma_numba._run's loop with this module's rows: a loop of its own, because numba caches
+    # no function that takes another as an argument, and a CPU without AVX-512 must never
+    # compile _chunk (so no branch in _mma_numba may name it)
     g_, m_, k = a.shape
     width = b.shape[2]
     a2, c2, o2 = a.reshape(g_ * m_, k), c.reshape(g_ * m_, width), out.reshape(g_ * m_, width)

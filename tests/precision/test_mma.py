@@ -137,6 +137,21 @@ def test_every_output_width(path, width):
     assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
 
 
+def _adversarial(seed, m, k, n, dt, ea, eb, ec, zeros, zero):
+    """a (2, m, k) and b (2, k, n) of dtype dt scaled by 2^ea and 2^eb, c (2, m, n) float32
+    scaled by 2^ec, a share `zeros` of each set to 0 (a's to `zero`: 0.0 or -0.0)."""
+    rng = np.random.default_rng(seed)
+    d = DTYPES[dt]
+    a = _values(rng, (2, m, k), d, 1.0) * F32(2.0**ea)
+    b = _values(rng, (2, k, n), d, 1.0) * F32(2.0**eb)
+    a[rng.random(a.shape) < zeros] = zero
+    b[rng.random(b.shape) < zeros] = 0
+    with np.errstate(over="ignore", under="ignore"):
+        c = (rng.standard_normal((2, m, n)) * 2.0**ec).astype(F32)
+    c[rng.random(c.shape) < zeros] = 0
+    return a, b, c
+
+
 @settings(max_examples=120, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 6), k=st.integers(1, 70),
        n=st.integers(1, 150), dt=st.sampled_from(["bf16", "fp16", "e4m3", "e5m2"]),
@@ -146,14 +161,7 @@ def test_any_shape_scale_and_zeros(seed, m, k, n, dt, ea, eb, ec, zeros):
     """Adversarial inputs for the compiled kernel: any shape, operands scaled by 2^ea and 2^eb
     (products from far below 2^−100 to past 2^120, so that rows leave the 16-bit path's range),
     an accumulator of any size, and a share of exact zeros (zero chunks, zero rows)."""
-    rng = np.random.default_rng(seed)
-    d = DTYPES[dt]
-    a = _values(rng, (2, m, k), d, 1.0) * F32(2.0**ea)
-    b = _values(rng, (2, k, n), d, 1.0) * F32(2.0**eb)
-    a[rng.random(a.shape) < zeros] = 0
-    b[rng.random(b.shape) < zeros] = 0
-    c = (rng.standard_normal((2, m, n)) * 2.0**ec).astype(F32)
-    c[rng.random(c.shape) < zeros] = 0
+    a, b, c = _adversarial(seed, m, k, n, dt, ea, eb, ec, zeros, 0.0)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         assert same_bits(mma.tensor_core(a, b, c), reference(a, b, c))
         assert same_bits(mma.tensor_core(a, b), reference(a, b))
@@ -171,15 +179,7 @@ def test_the_two_compiled_kernels_agree(seed, m, k, n, dt, ea, eb, ec, zeros):
     path's range (the float64 rows) included."""
     from osm_cli.precision import _mma_avx512, _mma_numba
 
-    rng = np.random.default_rng(seed)
-    d = DTYPES[dt]
-    a = _values(rng, (2, m, k), d, 1.0) * F32(2.0**ea)
-    b = _values(rng, (2, k, n), d, 1.0) * F32(2.0**eb)
-    a[rng.random(a.shape) < zeros] = -0.0
-    b[rng.random(b.shape) < zeros] = 0
-    with np.errstate(over="ignore", under="ignore"):
-        c = (rng.standard_normal((2, m, n)) * 2.0**ec).astype(F32)
-    c[rng.random(c.shape) < zeros] = 0
+    a, b, c = _adversarial(seed, m, k, n, dt, ea, eb, ec, zeros, -0.0)
     wide, portable = np.empty((2, m, n), F32), np.empty((2, m, n), F32)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         _mma_avx512.mma(a, b, c, wide)
