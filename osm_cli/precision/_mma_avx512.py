@@ -3,8 +3,8 @@ and DQ: Intel since Skylake-SP, AMD since Zen 4): the same bits in fewer vector 
 
 - `mma(a, b, c, out)`: _mma_numba.mma's arithmetic and fallbacks (the float64 rows, the
   whole call in float64 where an operand has more than 11 significant bits).
-- `available()`: whether numba compiles for a CPU with AVX-512F and DQ (the host's, or the
-  one NUMBA_CPU_NAME and NUMBA_CPU_FEATURES name).
+- `available()`: whether numba compiles for a CPU with AVX-512F and DQ (the features numba
+  targets: the host's, or NUMBA_CPU_FEATURES, NUMBA_ENABLE_AVX).
 
 What differs from _mma_numba's `_element`, 16 output columns at a time as explicit 512-bit
 vectors (LLVM IR written here; numba's loop vectorizer cannot use the two instructions):
@@ -18,8 +18,8 @@ _element's: products exact in float32, q = 2^(E − 25) from the largest term's 
 the 17 terms times 1/q truncated to int32 and added, the sum times q.
 
 Measured (benchmarks/bench_mma.py section 1, S = Q·Kᵀ of bf16 tiles, one thread, a 2-core Xeon
-with AVX-512): 0.089 ns a term against the portable kernel's 0.104 (vector instructions a
-16-column chunk: 92 against 114; the kernel is bound by them, two a cycle).
+with AVX-512): 0.106 ns a term against the portable kernel's 0.119, 1.13× (8-17 % over several
+runs; vector instructions a 16-column chunk: 92 against 114, and the kernel is bound by them).
 
 Leaves out: the panels, the range checks' fallbacks and the float64 rows (_mma_numba.py,
 shared), which kernel a call takes (mma.tensor_core).
@@ -50,19 +50,21 @@ CURRENT = 4  # _MM_FROUND_CUR_DIRECTION (VRANGEPS rounds nothing)
 
 
 def available() -> bool:
-    """Whether the CPU numba compiles for has AVX-512F and AVX-512DQ."""
+    """Whether the CPU numba compiles for has AVX-512F and AVX-512DQ: the features numba itself
+    targets (NUMBA_CPU_FEATURES where set, else the host's, less AVX where NUMBA_ENABLE_AVX is
+    0), the last +name or -name of a feature deciding."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    from numba.core import config
+    from numba.core import codegen, config
 
-    if config.CPU_NAME:  # a target the user chose (NUMBA_CPU_NAME): its features as given
-        features = {f.strip()[1:] for f in (config.CPU_FEATURES or "").split(",")
-                    if f.strip().startswith("+")}
-    else:
-        import llvmlite.binding as llvm
-
-        features = {k for k, on in llvm.get_host_cpu_features().items() if on}
-    return {"avx512f", "avx512dq"} <= features
+    given = config.CPU_FEATURES
+    features = codegen.get_host_cpu_features() if given is None else given
+    on: dict[str, bool] = {}
+    for item in features.split(","):
+        item = item.strip()
+        if item[:1] in "+-" and len(item) > 1:
+            on[item[1:]] = item[0] == "+"
+    return on.get("avx512f", False) and on.get("avx512dq", False)
 
 
 def _declare(module, name: str, ret, args):

@@ -187,6 +187,24 @@ def test_the_two_compiled_kernels_agree(seed, m, k, n, dt, ea, eb, ec, zeros):
     assert same_bits(wide, portable)
 
 
+@pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F and DQ")
+@pytest.mark.parametrize("env", [{"NUMBA_ENABLE_AVX": "0"}, {"NUMBA_CPU_FEATURES": "-avx512f"},
+                                 {"NUMBA_CPU_FEATURES": "+avx512f,+avx512dq,-avx512dq"}])
+def test_avx512_only_where_numba_targets_it(tmp_path, env):
+    """Where numba is told to compile without AVX-512 (its own settings), the portable kernel
+    runs: compiling the AVX-512 one for such a target would abort the process (LLVM)."""
+    import os
+    import subprocess
+
+    code = ("import numpy as np; from osm_cli.precision import mma; "
+            "r = mma.tensor_core(np.ones((2, 16), np.float32), np.ones((16, 3), np.float32)); "
+            "print(r[0, 0], mma.AVX512)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120,
+                          env={**os.environ, **env, "NUMBA_CACHE_DIR": str(tmp_path)})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "16.0 False\n", "")
+
+
 def test_non_finite_and_cancelling_terms(path):
     a = np.array([[1.0, -1.0] + [2.0**-26] * 14 + [np.inf, 1.0],
                   [np.inf, -np.inf] + [0.0] * 16,
