@@ -152,11 +152,16 @@ def _adversarial(seed, m, k, n, dt, ea, eb, ec, zeros, zero):
     return a, b, c
 
 
+# _adversarial's arguments: products from far below 2^−100 to past 2^120, accumulators from
+# below float32's normal range to near its largest
+ADVERSARIAL = dict(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 6), k=st.integers(1, 70),
+                   n=st.integers(1, 200), dt=st.sampled_from(["bf16", "fp16", "e4m3", "e5m2"]),
+                   ea=st.integers(-75, 62), eb=st.integers(-75, 62), ec=st.integers(-140, 127),
+                   zeros=st.floats(0, 0.9))
+
+
 @settings(max_examples=120, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 6), k=st.integers(1, 70),
-       n=st.integers(1, 150), dt=st.sampled_from(["bf16", "fp16", "e4m3", "e5m2"]),
-       ea=st.integers(-70, 60), eb=st.integers(-70, 60), ec=st.integers(-130, 125),
-       zeros=st.floats(0, 0.9))
+@given(**ADVERSARIAL)
 def test_any_shape_scale_and_zeros(seed, m, k, n, dt, ea, eb, ec, zeros):
     """Adversarial inputs for the compiled kernel: any shape, operands scaled by 2^ea and 2^eb
     (products from far below 2^−100 to past 2^120, so that rows leave the 16-bit path's range),
@@ -169,10 +174,7 @@ def test_any_shape_scale_and_zeros(seed, m, k, n, dt, ea, eb, ec, zeros):
 
 @pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F and DQ")
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 5), k=st.integers(1, 70),
-       n=st.integers(1, 200), dt=st.sampled_from(["bf16", "fp16", "e4m3", "e5m2"]),
-       ea=st.integers(-75, 62), eb=st.integers(-75, 62), ec=st.integers(-140, 127),
-       zeros=st.floats(0, 0.9))
+@given(**ADVERSARIAL)
 def test_the_two_compiled_kernels_agree(seed, m, k, n, dt, ea, eb, ec, zeros):
     """_mma_avx512 (VRANGEPS for the largest magnitude, VCVTDQ2PS toward zero) and the portable
     kernel give the same bits on any shape, scale and share of zeros, rows past the 16-bit
