@@ -2,7 +2,10 @@
 in closed form, and the errors of a run against them.
 
 Computed in float64 a chunk of query rows at a time (the full t × s matrix is never held),
-with the same score_tile, masks and GQA head map as the tiled forward. `_one_shot` is the
+with the same score_tile, masks and GQA head map as the tiled forward; under a causal mask or
+a window, and no modifier, a chunk's scores span only the keys its rows see (key_span: half
+the work of a causal run; the other keys' P is 0, so only the sums' rounding moves, within a
+few float64 ulps). `_one_shot` is the
 computation as written: core.reference's stable_softmax and logsumexp of each chunk, then P·V.
 `_one_shot_fused`, what runs, is the same arithmetic on the same chunks with each exp done once
 (the stable softmax, its sum and the LSE share it), in place in one buffer per thread, one
@@ -75,15 +78,19 @@ def reference(q, k, v, opts: ScoreOptions | None = None, *, rnd: Callable | None
     band = make_band(t, s, opts.causal, opts.causal_align, opts.window)
     full_mask = None if opts.mask is None else broadcast_mask(np.asarray(opts.mask),
                                                               (b, hq, t, s))
-    visible = None if band is None else (lambda i0, i1: band.visible(i0, i1, 0, s))
     mods = Mods.of(opts, b, hq, t, s)
+    # without modifiers (whose index arrays span every key) a chunk's scores span only the keys
+    # its rows can see: a causal chunk computes half the scores of all s
+    span = None if band is None or mods.active else (lambda i0, i1: key_span(band, i0, i1, s))
+    visible = None if band is None else band.visible
     if fused and rnd is None and np.dtype(carry) == np.float64 and not mods.active:
-        out, lse = _one_shot_fused(q4, k4, v4, heads, opts.scale_for(d), visible, full_mask)
+        out, lse = _one_shot_fused(q4, k4, v4, heads, opts.scale_for(d), visible, full_mask,
+                                   span)
     else:
         if hq != hk:  # GQA: each query head its kv head's K and V (no copy without GQA)
             k4, v4 = k4[:, heads], v4[:, heads]
         out, lse = _one_shot(q4, k4, v4, opts.scale_for(d), visible, full_mask, rnd=rnd,
-                             carry=carry, mods=mods)
+                             carry=carry, mods=mods, span=span)
     nd = np.asarray(q).ndim
     return from_bhnd(out, nd, opts.layout), lse_from_bhnd(lse, nd)
 
@@ -148,12 +155,24 @@ class Mods:
         return stable_softmax(ext)[..., :-1], logsumexp(ext)
 
 
+def key_span(band, i0: int, i1: int, s: int) -> tuple[int, int]:
+    """(j0, j1): the keys that some row of i0:i1 sees under the band (its rows' bounds rise
+    with the row); all s keys where it bounds no side, or where the rows see none (their
+    output 0 and LSE -inf come from all keys masked, as without a span)."""
+    lo, _ = band.bounds(i0)
+    _, hi = band.bounds(i1 - 1)
+    j0 = 0 if lo == -np.inf else max(0, int(lo))
+    j1 = s if hi == np.inf else min(s, int(hi) + 1)
+    return (j0, j1) if j0 < j1 else (0, s)
+
+
 def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: int | None = None,
-              *, rnd: Callable | None = None, carry=np.float64,
-              mods: Mods = Mods()) -> tuple[np.ndarray, np.ndarray]:
+              *, rnd: Callable | None = None, carry=np.float64, mods: Mods = Mods(),
+              span=None) -> tuple[np.ndarray, np.ndarray]:
     """reference on (B, H, N, d) arrays whose K/V heads already match Q's (a broadcast view is
-    fine). visible(i0, i1) gives the (i1 - i0, s) band or None; mask is (B, H, t, s) or None;
-    mods the softcap, ALiBi and sinks."""
+    fine). visible(i0, i1, j0, j1) gives the (i1 - i0, j1 - j0) band or None; mask is (B, H,
+    t, s) or None; mods the softcap, ALiBi and sinks; span(i0, i1), where given (no mods),
+    the keys j0:j1 that rows i0:i1 see (key_span), the others left out (their P is 0)."""
     carry = np.dtype(carry)
     to = rnd or (lambda x: np.asarray(x, dtype=carry))
     b, h, t, _ = q.shape
@@ -172,15 +191,16 @@ def _one_shot(q, k, v, scale: float, visible=None, mask=None, rows_per_chunk: in
     heads = [slice(0, h)] if mods.active else [slice(j, j + 1) for j in range(h)]
     for i0 in range(0, t, chunk):
         i1 = min(t, i0 + chunk)
-        vis = None if visible is None else visible(i0, i1)
+        j0, j1 = (0, s) if span is None else span(i0, i1)
+        vis = None if visible is None else visible(i0, i1, j0, j1)
         for hs in heads:
-            sc = score_tile(scale_q(q[:, hs, i0:i1, :], scale, carry, to), kT[:, hs], vis,
-                            mods.masked(None if mask is None else mask[:, hs, i0:i1, :], i0,
-                                        i1, s),
+            sc = score_tile(scale_q(q[:, hs, i0:i1, :], scale, carry, to), kT[:, hs, :, j0:j1],
+                            vis, mods.masked(None if mask is None else
+                                             mask[:, hs, i0:i1, j0:j1], i0, i1, s),
                             to, softcap=mods.softcap, bias=mods.bias(i0, i1, s, carry),
                             mod=mods.tile_mod(i0, i1, s))
             p, lse[:, hs, i0:i1] = mods.softmax(sc, to)
-            out[:, hs, i0:i1, :] = to(to(p) @ vc[:, hs])
+            out[:, hs, i0:i1, :] = to(to(p) @ vc[:, hs, j0:j1])
     return out, lse
 
 
@@ -193,7 +213,7 @@ def _chunk_rows(heads: int, s: int) -> int:
 
 
 def _one_shot_fused(q4, k4, v4, heads: np.ndarray, scale: float, visible=None,
-                    mask=None) -> tuple[np.ndarray, np.ndarray]:
+                    mask=None, span=None) -> tuple[np.ndarray, np.ndarray]:
     """_one_shot in float64 without rounding, fused: the same chunks of rows and the same
     matmuls (BLAS's result can depend on its thread count, so they run as _one_shot's do),
     each head of a chunk on its own, S turned into P in one buffer with each exp done once,
@@ -207,7 +227,7 @@ def _one_shot_fused(q4, k4, v4, heads: np.ndarray, scale: float, visible=None,
     if s == 0:  # no keys at all: every row is fully masked
         return out, lse
     chunk = _chunk_rows(b * h, s)
-    buf = np.empty((min(chunk, t), s))
+    buf = np.empty(min(chunk, t) * s)  # a chunk's scores, (rows, keys of its span)
     workers = max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
         # (chunk, head) pairs are independent: one head at a time, so that only that head's
@@ -218,14 +238,15 @@ def _one_shot_fused(q4, k4, v4, heads: np.ndarray, scale: float, visible=None,
                 v = np.ascontiguousarray(v4[i, heads[j]], dtype=np.float64)
                 for i0 in range(0, t, chunk):
                     i1 = min(t, i0 + chunk)
+                    j0, j1 = (0, s) if span is None else span(i0, i1)
                     cut = np.linspace(0, i1 - i0, workers + 1).astype(int)
-                    sc = score_tile(scale_q(q4[i, j, i0:i1], scale, np.float64), k.T,
-                                    None if visible is None else visible(i0, i1),
-                                    None if mask is None else mask[i, j, i0:i1],
-                                    out=buf[:i1 - i0])
+                    sc = score_tile(scale_q(q4[i, j, i0:i1], scale, np.float64), k.T[:, j0:j1],
+                                    None if visible is None else visible(i0, i1, j0, j1),
+                                    None if mask is None else mask[i, j, i0:i1, j0:j1],
+                                    out=buf[:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0))
                     parts = [sc[a:z] for a, z in zip(cut[:-1], cut[1:], strict=True)]
                     lse[i, j, i0:i1] = np.concatenate(list(pool.map(_softmax_rows, parts)))
-                    out[i, j, i0:i1] = sc @ v
+                    out[i, j, i0:i1] = sc @ v[j0:j1]
     return out, lse
 
 

@@ -249,6 +249,40 @@ def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
                        **{n: x for n, x in kw.items() if n != "mask"})
 
 
+def test_key_span_is_the_band_of_a_chunk():
+    """The keys a chunk of rows sees: causal bottom-right (offset s − t) and top-left, a
+    window's two sides, no side bounded, and rows that see no key (all keys, as before)."""
+    from osm_cli.flash.masks import make_band
+    from osm_cli.flash.reference import key_span
+
+    span = key_span
+    assert span(make_band(8, 8, True, "bottom-right", None), 0, 3, 8) == (0, 3)
+    assert span(make_band(4, 10, True, "bottom-right", None), 0, 2, 10) == (0, 8)
+    assert span(make_band(4, 10, True, "top-left", None), 2, 4, 10) == (0, 4)
+    assert span(make_band(16, 16, False, "bottom-right", (3, 1)), 8, 12, 16) == (5, 13)
+    assert span(make_band(16, 16, True, "bottom-right", (3, -1)), 8, 12, 16) == (5, 12)
+    assert span(make_band(16, 16, False, "bottom-right", (-1, 2)), 14, 16, 16) == (0, 16)
+    assert span(make_band(10, 4, True, "bottom-right", None), 0, 5, 4) == (0, 4)  # none seen
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=True, causal_align="top-left"),
+                                dict(window=(5, 0)), dict(window=(4, 2), causal=False)])
+def test_spanned_reference_is_the_full_one_within_float64(kw, monkeypatch):
+    """A chunk's scores over only the keys its rows see: the same softmax and output as over
+    every key with the others masked, up to float64's rounding (the sums run over fewer
+    zeros), on chunks of several rows."""
+    monkeypatch.setattr(reference_module, "_chunk_rows", lambda heads, s: 7)
+    q, k, v = qkv(40, 52, 8, heads=(2, 1), b=2, seed=11, spread=3.0)
+    spanned = reference(q, k, v, **kw)
+    monkeypatch.setattr(reference_module, "key_span", lambda band, i0, i1, s: (0, s))
+    full = reference(q, k, v, **kw)
+    for a, b in zip(spanned, full, strict=True):
+        finite = np.isfinite(b)
+        assert np.array_equal(np.isfinite(a), finite) and np.array_equal(a[~finite], b[~finite])
+        scale = np.abs(b[finite]).max()  # O's entries cancel: an error of the row's size
+        assert np.abs(a[finite] - b[finite]).max() <= 8 * np.finfo(np.float64).eps * scale
+
+
 def test_fused_reference_edges():
     """No keys at all; one key; one query; many heads on one kv head."""
     for b, hq, hk, t, s in ((1, 2, 1, 4, 0), (1, 1, 1, 5, 1), (2, 2, 2, 1, 30), (1, 33, 1, 3, 70)):
