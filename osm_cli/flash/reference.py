@@ -155,14 +155,20 @@ class Mods:
         return stable_softmax(ext)[..., :-1], logsumexp(ext)
 
 
+SPAN_STEP = 256  # key_span's unit: spans of many sizes fragmented the heap (+34 MB a check)
+
+
 def key_span(band, i0: int, i1: int, s: int) -> tuple[int, int]:
     """(j0, j1): the keys that some row of i0:i1 sees under the band (its rows' bounds rise
     with the row); all s keys where it bounds no side, or where the rows see none (their
     output 0 and LSE -inf come from all keys masked, as without a span)."""
     lo, _ = band.bounds(i0)
     _, hi = band.bounds(i1 - 1)
-    j0 = 0 if lo == -np.inf else max(0, int(lo))
-    j1 = s if hi == np.inf else min(s, int(hi) + 1)
+    if (lo == -np.inf or lo <= 0) and (hi == np.inf or hi >= s - 1):
+        return 0, s
+    # whole steps of SPAN_STEP keys: a few sizes of temporaries, which the allocator reuses
+    j0 = 0 if lo == -np.inf else max(0, int(lo) // SPAN_STEP * SPAN_STEP)
+    j1 = s if hi == np.inf else min(s, -(-(int(hi) + 1) // SPAN_STEP) * SPAN_STEP)
     return (j0, j1) if j0 < j1 else (0, s)
 
 

@@ -223,12 +223,15 @@ def same_reference(q, k, v, **kw) -> None:
         assert a.dtype == b.dtype == np.float64 and np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("step", [256, 1, 4])
 @pytest.mark.parametrize("chunk", [None, 1, 3, 7])
 @pytest.mark.parametrize("masks", ["none", "causal", "causal top-left", "window", "bool",
                                    "float"])
-def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
+def test_fused_reference_is_the_one_shot(masks, chunk, step, monkeypatch):
     """Chunks of query rows as _one_shot cuts them (monkeypatched small: a chunk of one row is
-    a matrix-vector product in BLAS), GQA, t ≠ s, bnhd, float32 inputs, rows with no key."""
+    a matrix-vector product in BLAS), GQA, t ≠ s, bnhd, float32 inputs, rows with no key; the
+    keys of a chunk's span in steps of 1, 4 or 256 (so all of them here)."""
+    monkeypatch.setattr(reference_module, "SPAN_STEP", step)
     if chunk is not None:
         monkeypatch.setattr(reference_module, "_chunk_rows", lambda heads, s: chunk)
     rng = np.random.default_rng(5)
@@ -249,12 +252,18 @@ def test_fused_reference_is_the_one_shot(masks, chunk, monkeypatch):
                        **{n: x for n, x in kw.items() if n != "mask"})
 
 
-def test_key_span_is_the_band_of_a_chunk():
+def test_key_span_is_the_band_of_a_chunk(monkeypatch):
     """The keys a chunk of rows sees: causal bottom-right (offset s − t) and top-left, a
-    window's two sides, no side bounded, and rows that see no key (all keys, as before)."""
+    window's two sides, no side bounded, and rows that see no key (all keys, as before); in
+    whole steps of SPAN_STEP keys (1 here; 256 by default)."""
     from osm_cli.flash.masks import make_band
     from osm_cli.flash.reference import key_span
 
+    assert key_span(make_band(4096, 4096, True, "bottom-right", None), 1000, 1032, 4096) == (
+        0, 1280)
+    assert key_span(make_band(4096, 4096, False, "bottom-right", (100, 0)), 1000, 1032,
+                    4096) == (768, 1280)
+    monkeypatch.setattr(reference_module, "SPAN_STEP", 1)
     span = key_span
     assert span(make_band(8, 8, True, "bottom-right", None), 0, 3, 8) == (0, 3)
     assert span(make_band(4, 10, True, "bottom-right", None), 0, 2, 10) == (0, 8)
@@ -272,6 +281,7 @@ def test_spanned_reference_is_the_full_one_within_float64(kw, monkeypatch):
     every key with the others masked, up to float64's rounding (the sums run over fewer
     zeros), on chunks of several rows."""
     monkeypatch.setattr(reference_module, "_chunk_rows", lambda heads, s: 7)
+    monkeypatch.setattr(reference_module, "SPAN_STEP", 4)
     q, k, v = qkv(40, 52, 8, heads=(2, 1), b=2, seed=11, spread=3.0)
     spanned = reference(q, k, v, **kw)
     monkeypatch.setattr(reference_module, "key_span", lambda band, i0, i1, s: (0, s))
