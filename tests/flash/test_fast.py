@@ -274,15 +274,16 @@ def test_key_span_is_the_band_of_a_chunk(monkeypatch):
     assert span(make_band(10, 4, True, "bottom-right", None), 0, 5, 4) == (0, 4)  # none seen
 
 
+@pytest.mark.parametrize("ts", [(40, 52), (52, 40)])  # t > s: the first rows see no key
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=True, causal_align="top-left"),
                                 dict(window=(5, 0)), dict(window=(4, 2), causal=False)])
-def test_spanned_reference_is_the_full_one_within_float64(kw, monkeypatch):
+def test_spanned_reference_is_the_full_one_within_float64(kw, ts, monkeypatch):
     """A chunk's scores over only the keys its rows see: the same softmax and output as over
     every key with the others masked, up to float64's rounding (the sums run over fewer
-    zeros), on chunks of several rows."""
+    zeros), on chunks of several rows; rows that see no key give 0 and LSE -inf as before."""
     monkeypatch.setattr(reference_module, "_chunk_rows", lambda heads, s: 7)
     monkeypatch.setattr(reference_module, "SPAN_STEP", 4)
-    q, k, v = qkv(40, 52, 8, heads=(2, 1), b=2, seed=11, spread=3.0)
+    q, k, v = qkv(*ts, 8, heads=(2, 1), b=2, seed=11, spread=3.0)
     spanned = reference(q, k, v, **kw)
     monkeypatch.setattr(reference_module, "key_span", lambda band, i0, i1, s: (0, s))
     full = reference(q, k, v, **kw)
