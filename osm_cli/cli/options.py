@@ -58,14 +58,18 @@ Kernel = _choices("Kernel", KERNELS)
 Mma = _choices("Mma", MMAS)
 
 
-def dtype_name(value):
-    """--dtype: a dtype name or alias, as its canonical name (a bad one exits 2)."""
-    if value is None:
-        return None
+def bad_value(read, value):
+    """read(value), the library's refusal (an OsmError) turned into a bad option value: exit 2
+    with the usage lines and the library's words."""
     try:
-        return canonical(value)
+        return read(value)
     except OsmError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def dtype_name(value):
+    """--dtype: a dtype name or alias, as its canonical name (a bad one exits 2)."""
+    return None if value is None else bad_value(canonical, value)
 
 
 def dtype_names(values):
@@ -83,10 +87,7 @@ def block_list(text: str) -> list[int]:
 
 
 def size(text: str) -> int:
-    try:
-        return costmodel.parse_size(text)
-    except OsmError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    return bad_value(costmodel.parse_size, text)
 
 
 def _short(name: str) -> list[str]:
@@ -112,10 +113,7 @@ def library_checked(check: str):
         if value is not None:
             from osm_cli.flash import options
 
-            try:
-                getattr(options, check)(value)
-            except OsmError as exc:
-                raise typer.BadParameter(str(exc)) from None
+            bad_value(getattr(options, check), value)
         return value
 
     return callback
@@ -127,15 +125,12 @@ finite_scale = library_checked("check_scale")
 
 def window_pair(value):
     """--window's callback: LEFT,RIGHT read and its sides checked by the library (io.parse_pair,
-    flash.masks.check_window), a refusal a bad option value (exit 2) as library_checked's."""
+    flash.masks.check_window), a refusal a bad option value (exit 2)."""
     if value is not None:
         from osm_cli.flash.masks import check_window
         from osm_cli.io import parse_pair
 
-        try:
-            check_window(parse_pair(value, "the window"))
-        except OsmError as exc:
-            raise typer.BadParameter(str(exc)) from None
+        bad_value(lambda text: check_window(parse_pair(text, "the window")), value)
     return value
 
 

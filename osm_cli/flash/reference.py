@@ -162,13 +162,11 @@ def key_span(band, i0: int, i1: int, s: int) -> tuple[int, int]:
     """(j0, j1): the keys that some row of i0:i1 sees under the band (its rows' bounds rise
     with the row); all s keys where it bounds no side, or where the rows see none (their
     output 0 and LSE -inf come from all keys masked, as without a span)."""
-    lo, _ = band.bounds(i0)
+    lo, _ = band.bounds(i0)  # ±inf for a side the band leaves open
     _, hi = band.bounds(i1 - 1)
-    if (lo == -np.inf or lo <= 0) and (hi == np.inf or hi >= s - 1):
-        return 0, s
     # whole steps of SPAN_STEP keys: a few sizes of temporaries, which the allocator reuses
-    j0 = 0 if lo == -np.inf else max(0, int(lo) // SPAN_STEP * SPAN_STEP)
-    j1 = s if hi == np.inf else min(s, -(-(int(hi) + 1) // SPAN_STEP) * SPAN_STEP)
+    j0 = 0 if lo <= 0 else int(lo) // SPAN_STEP * SPAN_STEP
+    j1 = s if hi >= s - 1 else min(s, -(-(int(hi) + 1) // SPAN_STEP) * SPAN_STEP)
     return (j0, j1) if j0 < j1 else (0, s)
 
 

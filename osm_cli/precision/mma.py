@@ -80,15 +80,11 @@ def tensor_core(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np
 def _compiled():
     """The compiled kernel's module: AVX-512's (where the CPU has it) or the portable one."""
     global AVX512
-    if AVX512 is None:
-        from . import _mma_avx512
+    from . import _mma_avx512, _mma_numba  # importing compiles nothing
 
+    if AVX512 is None:
         AVX512 = _mma_avx512.available()
-    if AVX512:
-        from . import _mma_avx512 as kern
-    else:
-        from . import _mma_numba as kern
-    return kern
+    return _mma_avx512 if AVX512 else _mma_numba
 
 
 def _stack(x: np.ndarray, shape: tuple, g: int) -> np.ndarray:
